@@ -1,0 +1,9 @@
+"""llmfab: deploy LLM inference servers to GPU hosts over SSH from a TOML profile.
+
+The module-level `ns` is the task collection `fab` loads (see fabfile.py).
+"""
+from invoke import Collection
+
+from . import cli
+
+ns = Collection.from_module(cli)

@@ -1,0 +1,71 @@
+"""The one place where a task's errors become a message and an exit code.
+
+Loads and validates the profile first (exit 2 with nothing done anywhere), picks
+the hosts (`fab -H`, else the profile's `target.hosts`, else this machine), runs the
+per-host operation on all of them in parallel, prints the summary, and exits with
+the worst host's code.
+"""
+import os
+import sys
+
+from invoke.exceptions import Exit
+
+from .errors import ExitCode, LlmfabError
+
+INTERRUPT_NOTE = ("interrupted: nothing on the host(s) was stopped; servers already launched keep "
+                  "running (see `fab status`, stop them with `fab stop`)")
+
+
+def load(c, profile_arg):
+    """The validated profile, or Exit(2) naming the file and key."""
+    from .profile import load_profile, resolve_profile_path
+    try:
+        cfg = c.config.get("llmfab") or {}
+        path = resolve_profile_path(profile_arg, cfg.get("profile") if hasattr(cfg, "get") else None)
+        return load_profile(path)
+    except LlmfabError as e:
+        raise Exit(f"error: {e.message}", code=int(e.code)) from None
+
+
+def hosts_for(c, profile):
+    hosts = list(c.config.get("llmfab_hosts") or []) or list(profile.target.hosts) or ["local"]
+    seen = []
+    for h in hosts:
+        if h not in seen:
+            seen.append(h)
+    return seen
+
+
+def host_kwargs(c, profile, opts, python=None):
+    timeout = None
+    try:
+        timeout = c.config.timeouts.connect
+    except AttributeError:
+        pass
+    return dict(config=c.config, python=python or profile.server.interpreter,
+                connect_timeout=timeout,
+                accept_new_host_keys=bool(opts.get("accept_new_host_keys")))
+
+
+def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python=None):
+    """Run op(host, reporter) -> HostResult on every host; exit with the worst code."""
+    from .fanout import run_all, summarize, worst
+    from .report import Reporter
+
+    hosts = hosts or hosts_for(c, profile)
+    reporter = Reporter(hosts, json_mode=json_mode)
+    try:
+        results = run_all(hosts, lambda h: op(h, reporter), parallel=int(opts.get("parallel") or 32),
+                          reporter=reporter, host_kwargs=host_kwargs(c, profile, opts, python))
+    except KeyboardInterrupt:
+        reporter.line("", INTERRUPT_NOTE)
+        if len(hosts) > 1:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(ExitCode.INTERRUPTED)  # worker threads cannot be interrupted; sockets close with us
+        raise Exit(code=ExitCode.INTERRUPTED) from None
+    summarize(reporter, results, title)
+    code = worst(r.code for r in results)
+    if code:
+        raise Exit(code=int(code))
+    return results

@@ -1,0 +1,121 @@
+"""Task bodies: turn flags into per-host operations and run them through the boundary."""
+import time
+
+from invoke.exceptions import Exit
+
+from .boundary import load, run_task
+from .errors import ExitCode, UsageError
+from .fanout import HostResult
+
+
+def _float(opts, key, minimum=0.0):
+    value = opts.get(key)
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise Exit(f"error: --{key.replace('_', '-')} expects a number of seconds (got {value!r})",
+                   code=ExitCode.BAD_INPUT) from None
+    if value < minimum:
+        raise Exit(f"error: --{key.replace('_', '-')} must be >= {minimum}", code=ExitCode.BAD_INPUT)
+    return value
+
+
+def deploy(c, opts):
+    from .deploy import deploy_host, dry_run_text
+    profile = load(c, opts.get("profile"))
+    opts["timeout"] = _float(opts, "timeout", 0.0)
+    if opts.get("dry_run"):
+        for line in dry_run_text(profile):
+            print(line)
+        return
+    json_mode = opts.get("json")
+
+    def op(host, reporter):
+        res = deploy_host(host, profile, opts, reporter)
+        if json_mode:
+            reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
+        return res
+    run_task(c, profile, op, opts, title="deploy", json_mode=json_mode)
+
+
+def check(c, opts):
+    from .deploy import deploy_dir, preflight_request, run_preflight
+    profile = load(c, opts.get("profile"))
+
+    def op(host, reporter):
+        hello = host.start()
+        reporter.line(host.name, f"connected: {hello['user']}@{hello['hostname']}")
+        req = preflight_request(profile)
+        state = host.call("state", deploy_dir=deploy_dir(profile))
+        if state["alive"] and state["server"] and state["server"].get("port") == profile.server.port:
+            req["port_owner_pgid"] = state["server"]["pgid"]
+        checks = run_preflight(host, reporter, req)
+        warns = sum(c["status"] == "WARN" for c in checks)
+        return HostResult(host.name, 0, f"{len(checks)} checks OK" + (f", {warns} warning(s)" if warns else ""))
+    run_task(c, profile, op, opts, title="check")
+
+
+def stop(c, opts):
+    from .deploy import deploy_dir, stop_running
+    profile = load(c, opts.get("profile"))
+    grace = _float(opts, "grace", 0.0)
+    ddir = deploy_dir(profile)
+
+    def op(host, reporter):
+        from .deploy import take_lock
+        host.start()
+        take_lock(host, ddir, "stop")
+        res = stop_running(host, ddir, reporter, grace=grace)
+        if res["already_stopped"]:
+            reporter.line(host.name, "not running: nothing to stop")
+            return HostResult(host.name, 0, "already stopped")
+        return HostResult(host.name, 0, f"stopped in {res['seconds']:.1f} s")
+    run_task(c, profile, op, opts, title="stop")
+
+
+def status(c, opts):
+    from .deploy import deploy_dir
+    profile = load(c, opts.get("profile"))
+    json_mode = opts.get("json")
+    ddir = deploy_dir(profile)
+
+    def op(host, reporter):
+        host.start()
+        st = host.call("state", deploy_dir=ddir)
+        server = st.get("server") or {}
+        record = {"host": host.name, "running": bool(st["alive"]), "pid": server.get("pid"),
+                  "release": server.get("release"), "port": server.get("port"),
+                  "health": None, "served_name": None, "gpus": None, "spec": None,
+                  "generation_tokens_per_s": None}
+        gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi,
+                         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None)
+        record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
+                          for g in (gpus["gpus"] or [])] or None
+        if st["alive"]:
+            poll = host.call("poll", deploy_dir=ddir, release=server["release"], pid=server["pid"],
+                             port=server["port"], host=profile.server.host,
+                             health_path=profile.ready.health_path,
+                             models_path=profile.ready.models_path, log_offset=1 << 62)
+            record["health"] = poll["health"]
+            models = poll.get("models") or []
+            record["served_name"] = models[0] if len(models) == 1 else (models or None)
+        healthy = st["alive"] and record["health"] == 200
+        if json_mode:
+            reporter.emit_json(record)
+        if st["alive"]:
+            reporter.line(host.name, f"running: release {record['release']}, pid {record['pid']}, "
+                                     f"port {record['port']}, health {record['health']}, "
+                                     f"model {record['served_name']}")
+        elif server:
+            ex = st.get("exit") or {}
+            how = f"exited with status {ex['returncode']} at {ex['ended_at']}" if ex else "not running"
+            reporter.line(host.name, f"not running: release {record['release']} {how}")
+        else:
+            reporter.line(host.name, "not deployed")
+        for g in record["gpus"] or []:
+            reporter.line(host.name, f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB")
+        return HostResult(host.name, 0 if healthy else ExitCode.FAILED,
+                          "healthy" if healthy else ("unhealthy" if st["alive"] else "not running"))
+    run_task(c, profile, op, opts, title="status", json_mode=json_mode)

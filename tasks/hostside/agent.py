@@ -1,0 +1,71 @@
+"""The host-side agent: one long-lived process per task and host.
+
+llmfab sends exactly one remote command per task and host: the profile's Python
+with a short bootstrap (`tasks.transport.BOOTSTRAP`) that reads this package's
+sources from stdin and calls `serve()`. Requests then flow as JSON lines over the
+same channel, so a poll tick costs no new remote command and no shell start-up.
+The agent exits when its stdin closes (the SSH session ended), which also
+releases any lock it holds. Standard library only; Python >= 3.9.
+"""
+import json
+import os
+import platform
+import socket
+import sys
+import traceback
+
+from . import gpu, preflight, probe, procs, releases
+from .common import CONTEXT, HostError
+
+VERSION = 1
+
+
+def op_hello(req):
+    return {
+        "agent": VERSION,
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "hostname": socket.gethostname(),
+        "user": _user(),
+        "home": os.path.expanduser("~"),
+        "pid": os.getpid(),
+    }
+
+
+def _user():
+    try:
+        import pwd
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
+
+
+OPS = {"hello": op_hello}
+for _module in (releases, probe, gpu, procs, preflight):
+    OPS.update(getattr(_module, "OPS", {}))
+
+
+def handle(req):
+    op = OPS.get(req.get("op"))
+    if op is None:
+        raise HostError("unknown agent operation %r" % req.get("op"), kind="internal")
+    return op(req)
+
+
+def serve(stdin, stdout):
+    """Answer JSON-line requests until stdin closes."""
+    CONTEXT.clear()
+    for line in stdin:
+        try:
+            req = json.loads(line)
+            resp = {"ok": True, "result": handle(req)}
+        except HostError as e:
+            resp = {"ok": False, "error": str(e), "kind": e.kind, "data": e.data}
+        except Exception as e:  # report, never die mid-task
+            resp = {"ok": False, "error": "%s: %s" % (type(e).__name__, e), "kind": "internal",
+                    "data": {"traceback": traceback.format_exc()}}
+        try:
+            stdout.write(json.dumps(resp).encode() + b"\n")
+            stdout.flush()
+        except (BrokenPipeError, OSError):
+            return

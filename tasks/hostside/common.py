@@ -1,0 +1,70 @@
+"""Shared by the host-side modules: the error type, per-agent state, small file helpers."""
+import json
+import os
+
+# State that lives as long as the agent process (e.g. open lock files).
+CONTEXT = {}
+
+
+class HostError(Exception):
+    """An expected failure, reported to llmfab as a message (not a traceback)."""
+
+    def __init__(self, message, kind="failed", **data):
+        super().__init__(message)
+        self.kind = kind
+        self.data = data
+
+
+def expand(path):
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def read_json(path, default=None):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def write_json(path, data, mode=0o644):
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def pid_alive(pid):
+    """True if pid exists and is not a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def group_members(pgid):
+    """Live pids whose process group is pgid."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % name) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(name))
+    return out
+
+
+def cmdline(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    except OSError:
+        return ""

@@ -1,0 +1,111 @@
+"""Preflight on the host, before anything is launched: one record per check.
+
+Each check is {check, status: OK | WARN | FAIL, message}. A FAIL stops the deploy
+(exit 1) with nothing launched; WARN is printed and the deploy goes on.
+"""
+import os
+import platform
+import shutil
+import sys
+
+from . import gpu, probe
+
+ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
+
+
+def _rec(check, status, message):
+    return {"check": check, "status": status, "message": message}
+
+
+def check_python():
+    ok = sys.version_info >= (3, 9)
+    return _rec("python", "OK" if ok else "FAIL",
+                "%s (Python %s)" % (sys.executable, platform.python_version())
+                + ("" if ok else ": llmfab's launcher needs Python >= 3.9"))
+
+
+def check_engine(engine, argv0=None):
+    if engine in ENGINE_PACKAGES:
+        pkg = ENGINE_PACKAGES[engine]
+        import importlib.util
+        import importlib.metadata as md
+        if importlib.util.find_spec(pkg) is None:
+            return _rec("engine", "FAIL", "%s is not importable by %s: install it into that "
+                        "environment or point server.python at the one that has it" % (pkg, sys.executable))
+        try:
+            version = md.version(pkg)
+        except md.PackageNotFoundError:
+            version = "unknown version (no package metadata)"
+        return _rec("engine", "OK", "%s %s" % (pkg, version))
+    if argv0 is None:
+        return _rec("engine", "OK", "command")
+    found = argv0 if os.path.isabs(argv0) else shutil.which(argv0)
+    if argv0 and not os.path.isabs(argv0) and found is None and "/" in argv0:
+        return _rec("engine", "OK", "command %s (relative to the release directory)" % argv0)
+    if found is None or not os.path.exists(found):
+        return _rec("engine", "FAIL", "server.command[0] %r not found on this host's PATH" % argv0)
+    return _rec("engine", "OK", "command %s" % found)
+
+
+def check_paths(paths):
+    out = []
+    for key, path in paths:
+        if os.path.exists(path):
+            out.append(_rec("path", "OK", "%s: %s exists" % (key, path)))
+        else:
+            out.append(_rec("path", "FAIL", "%s: %s does not exist on this host" % (key, path)))
+    return out
+
+
+def check_port(host, port, owner_pgid=None):
+    if owner_pgid:
+        holders = probe.port_holders(port)
+        if holders and all(_pgid(h["pid"]) == owner_pgid for h in holders):
+            return _rec("port", "OK", "port %d is held by the running release, which is stopped "
+                        "before the new one starts" % port)
+    holder = probe.port_in_use(host, port)
+    if holder is None:
+        return _rec("port", "OK", "%s:%d is free" % (host, port))
+    return _rec("port", "FAIL", "port %d is already in use by %s; stop it (fab stop / "
+                "fab kill-gpu-procs) or choose another server.port" % (port, holder))
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def check_gpus(nvidia_smi, devices, min_free):
+    gpus = gpu.read_gpus(nvidia_smi)
+    if gpus is None:
+        status = "FAIL" if min_free else "WARN"
+        return [_rec("gpu", status, "%s not found or not working: cannot read GPU memory" % nvidia_smi)]
+    chosen = gpu.select(gpus, devices)
+    if devices is not None:
+        missing = sorted(set(devices) - {g["index"] for g in gpus})
+        if missing:
+            return [_rec("gpu", "FAIL", "GPU(s) %s not present (host has %s)" % (
+                missing, [g["index"] for g in gpus]))]
+    out = []
+    for g in chosen:
+        free = None if g["used_mib"] is None or g["total_mib"] is None else g["total_mib"] - g["used_mib"]
+        msg = "GPU %d %s: %s MiB free of %s" % (g["index"], g["name"], free, g["total_mib"])
+        if min_free and (free is None or free < min_free):
+            out.append(_rec("gpu", "FAIL", msg + ", below gpu.min_free_mib = %d; free it with "
+                            "`fab kill-gpu-procs`" % min_free))
+        else:
+            out.append(_rec("gpu", "OK", msg))
+    return out
+
+
+def run(req):
+    checks = [check_python(), check_engine(req["engine"], req.get("argv0"))]
+    checks += check_paths(req.get("paths", []))
+    checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
+    checks += check_gpus(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"), req.get("min_free_mib", 0))
+    return checks
+
+
+OPS = {"preflight": lambda req: {"checks": run(req)}}

@@ -1,0 +1,140 @@
+"""Host-side probes: HTTP health and models, the port's holder, log reading, poll ticks."""
+import json
+import os
+import socket
+import urllib.error
+import urllib.request
+
+from . import gpu
+from .common import HostError, cmdline, expand, pid_alive, read_json
+
+LOG_CHUNK = 256 * 1024
+
+
+def http_get(port, path, host="127.0.0.1", timeout=2.0):
+    """(status, body bytes) or (None, error text). Never raises."""
+    url = "http://%s:%d%s" % (host, port, path)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read(1 << 20)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(1 << 16) if e.fp else b""
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return None, str(reason).encode()
+
+
+def probe_host(server_host):
+    """Where to reach the server from the host itself."""
+    if server_host in ("0.0.0.0", "", "::", "localhost"):
+        return "127.0.0.1"
+    return server_host
+
+
+def served_models(port, path, host="127.0.0.1"):
+    status, body = http_get(port, path, host)
+    if status != 200:
+        return None
+    try:
+        return [m.get("id") for m in json.loads(body).get("data", [])]
+    except (ValueError, AttributeError):
+        return None
+
+
+def _listening_inodes(port):
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    local, state, inode = parts[1], parts[3], parts[9]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                        inodes.add(inode)
+        except (OSError, StopIteration):
+            continue
+    return inodes
+
+
+def port_holders(port):
+    """[{pid, cmdline}] of processes listening on port (visible in this PID namespace)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return []
+    wanted = {"socket:[%s]" % i for i in inodes}
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fd_dir = "/proc/%s/fd" % name
+        try:
+            for fd in os.listdir(fd_dir):
+                if os.readlink(os.path.join(fd_dir, fd)) in wanted:
+                    out.append({"pid": int(name), "cmdline": cmdline(int(name))})
+                    break
+        except OSError:
+            continue
+    return out
+
+
+def port_in_use(host, port):
+    """None if free, else a description of who holds it."""
+    listening = bool(_listening_inodes(port))
+    if not listening:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        s = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            s.bind((host, port))
+            return None
+        except OSError as e:
+            return "cannot bind %s:%d: %s" % (host, port, e.strerror)
+        finally:
+            s.close()
+    holders = port_holders(port)
+    if holders:
+        return "; ".join("pid %d (%s)" % (h["pid"], h["cmdline"][:200]) for h in holders)
+    return "a process not visible from here (another PID namespace or user)"
+
+
+def read_log(path, offset, limit=LOG_CHUNK):
+    """New complete lines after byte offset: {offset (new), text, size}. Partial lines wait."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return {"offset": offset, "text": "", "size": None}
+    if size < offset:  # truncated by someone else: start over rather than miss lines
+        offset = 0
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(limit)
+    end = data.rfind(b"\n")
+    if end < 0:
+        if len(data) < limit:
+            return {"offset": offset, "text": "", "size": size}
+        end = len(data) - 1  # a huge line: hand it over in pieces
+    data = data[:end + 1]
+    return {"offset": offset + len(data), "text": data.decode("utf-8", "replace"), "size": size}
+
+
+def op_poll(req):
+    """One wait tick: process alive, new log lines, /health, /v1/models, GPU memory."""
+    ddir = expand(req["deploy_dir"])
+    release = req["release"]
+    rdir = os.path.join(ddir, "releases", release)
+    pid = req["pid"]
+    out = {"alive": pid_alive(pid), "exit": read_json(os.path.join(rdir, "exit.json"))}
+    out["log"] = read_log(os.path.join(rdir, "server.log"), req.get("log_offset", 0))
+    host = probe_host(req.get("host", "127.0.0.1"))
+    out["health"] = out["models"] = None
+    if out["alive"]:
+        status, body = http_get(req["port"], req.get("health_path") or "/health", host)
+        out["health"] = status if status is not None else body.decode("utf-8", "replace")
+        if status == 200 and req.get("models_path"):
+            out["models"] = served_models(req["port"], req["models_path"], host)
+    if req.get("nvidia_smi"):
+        out["gpus"] = gpu.select(gpu.read_gpus(req["nvidia_smi"]), req.get("devices"))
+    return out
+
+
+OPS = {"poll": op_poll}

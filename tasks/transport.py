@@ -1,0 +1,241 @@
+"""All I/O with hosts: SSH connections (strict host keys), the host agent, file pushes.
+
+One SSH connection per host per task, and on it one remote command: the profile's
+Python running the host agent (tasks/hostside), fed its sources over stdin. Every
+later request is a JSON line on that same channel. Files are pushed with SFTP on the
+same connection. The `local` host runs the very same agent as a subprocess.
+"""
+import io
+import json
+import os
+import shlex
+import socket
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from .errors import HostUnreachable, OperationFailed
+
+HOSTSIDE = Path(__file__).with_name("hostside")
+# Load order matters: a module's relative imports must already be loaded.
+HOST_MODULES = ("common", "gpu", "probe", "procs", "releases", "preflight", "agent")
+
+# Read by the profile's Python on the host: the agent's sources arrive on stdin as one
+# JSON line; the modules are built in memory (nothing is written on the host).
+BOOTSTRAP = (
+    "import sys,json,types\n"
+    "d=json.loads(sys.stdin.buffer.readline())\n"
+    "p=types.ModuleType('llmfab_host');p.__path__=[];sys.modules['llmfab_host']=p\n"
+    "for n,s in d:\n"
+    " m=types.ModuleType('llmfab_host.'+n);m.__package__='llmfab_host'\n"
+    " sys.modules[m.__name__]=m;setattr(p,n,m)\n"
+    " exec(compile(s,'llmfab_host/'+n+'.py','exec'),m.__dict__)\n"
+    "sys.modules['llmfab_host.agent'].serve(sys.stdin.buffer,sys.stdout.buffer)\n"
+)
+
+LOCAL_NAMES = ("local",)
+DEFAULT_CONNECT_TIMEOUT = 10
+
+# Counted for benchmarks/run.py (round trips per task); read via Host.stats.
+_payload_cache = []
+
+
+def agent_payload():
+    if not _payload_cache:
+        mods = [(n, (HOSTSIDE / f"{n}.py").read_text()) for n in HOST_MODULES]
+        _payload_cache.append(json.dumps(mods).encode() + b"\n")
+    return _payload_cache[0]
+
+
+class ConnectionLost(OperationFailed):
+    """The SSH connection (or the agent on it) went away mid-task; callers may reconnect."""
+
+
+class AgentError(OperationFailed):
+    """The agent answered with an error (`kind` says which: lock_held, launch_failed, ...)."""
+
+    def __init__(self, message, kind="failed", data=None):
+        super().__init__(message)
+        self.kind = kind
+        self.data = data or {}
+
+
+class AgentStartFailed(OperationFailed):
+    """The profile's Python could not run the agent on the host."""
+
+
+def is_local(name):
+    return name in LOCAL_NAMES
+
+
+class _Channel:
+    """Request/response over a byte stream pair, one JSON object per line."""
+
+    def __init__(self, wfile, rfile, describe):
+        self._w, self._r, self._describe = wfile, rfile, describe
+        self._lock = threading.Lock()
+
+    def request(self, req):
+        with self._lock:
+            try:
+                self._w.write(json.dumps(req).encode() + b"\n")
+                self._w.flush()
+                line = self._r.readline()
+            except (OSError, EOFError, socket.timeout) as e:
+                raise ConnectionLost(f"connection lost: {e or type(e).__name__}") from e
+            if not line:
+                raise ConnectionLost(self._describe())
+            return json.loads(line)
+
+
+class Host:
+    """One host, named as the user wrote it; owns its connection and agent."""
+
+    def __init__(self, name, *, config=None, python="python3", connect_timeout=None,
+                 accept_new_host_keys=False):
+        self.name = name
+        self.local = is_local(name)
+        self.config = config
+        self.python = python
+        self.connect_timeout = connect_timeout
+        self.accept_new_host_keys = accept_new_host_keys
+        self.cxn = None
+        self._chan = None
+        self._proc = None
+        self._sftp = None
+        self.stats = {"connections": 0, "commands": 0, "requests": 0}
+
+    # -- connection -------------------------------------------------------------------
+    def connect(self):
+        if self.local or (self.cxn is not None and self.cxn.is_connected):
+            return
+        from .sshconnect import open_connection
+        self.cxn = open_connection(self.name, self.config, timeout=self.connect_timeout,
+                                   accept_new=self.accept_new_host_keys)
+        self.stats["connections"] += 1
+
+    def close(self):
+        chan, self._chan = self._chan, None
+        if self._proc is not None:
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+            self._proc = None
+        if chan is not None:
+            try:
+                chan.close()
+            except Exception:
+                pass
+        if self._sftp is not None:
+            try:
+                self._sftp.close()
+            except Exception:
+                pass
+            self._sftp = None
+        if self.cxn is not None:
+            try:
+                self.cxn.close()
+            except Exception:
+                pass
+            self.cxn = None
+
+    def reconnect(self):
+        self.close()
+        self.start()
+
+    # -- agent --------------------------------------------------------------------------
+    def start(self):
+        """Connect if needed and start the agent; returns its hello record."""
+        if self._chan is not None:
+            return self.hello
+        self.connect()
+        argv = [self.python, "-c", BOOTSTRAP]
+        self.stats["commands"] += 1
+        if self.local:
+            self._stderr = tempfile.TemporaryFile()
+            try:
+                self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              stderr=self._stderr)
+            except OSError as e:
+                raise AgentStartFailed(f"cannot run server.python {self.python!r} here: {e.strerror}")
+            self._chan = _Channel(self._proc.stdin, self._proc.stdout, self._local_death)
+        else:
+            try:
+                ssh_chan = self.cxn.client.get_transport().open_session()
+                ssh_chan.exec_command(shlex.join(argv))
+            except Exception as e:
+                raise ConnectionLost(f"cannot start a command: {e}") from e
+            self._ssh_chan = ssh_chan
+            self._chan = _Channel(ssh_chan.makefile_stdin("wb"), ssh_chan.makefile("rb"),
+                                  self._ssh_death)
+        try:
+            self._chan_write_payload()
+            self.hello = self.call("hello")
+        except ConnectionLost as e:
+            self._chan = None
+            msg = str(e)
+            if msg.startswith("exit "):
+                raise AgentStartFailed(
+                    f"server.python {self.python!r} could not run on this host ({msg}); "
+                    "check that the path exists there and is Python >= 3.9") from None
+            raise
+        return self.hello
+
+    def _chan_write_payload(self):
+        w = self._chan._w
+        try:
+            w.write(agent_payload())
+            w.flush()
+        except OSError as e:
+            raise ConnectionLost(str(e)) from e
+
+    def _local_death(self):
+        code = self._proc.wait()
+        self._stderr.seek(0)
+        err = self._stderr.read().decode("utf-8", "replace").strip()
+        return f"exit {code}: {err[-1500:]}"
+
+    def _ssh_death(self):
+        chan = self._ssh_chan
+        if chan.status_event.wait(2) and chan.exit_status_ready():
+            err = b""
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            text = err.decode("utf-8", "replace").strip()[-1500:]
+            return f"exit {chan.recv_exit_status()}: {text}"
+        return "connection closed"
+
+    def call(self, op, timeout=None, **kw):
+        """One agent request; returns its result or raises AgentError / ConnectionLost."""
+        if self._chan is None:
+            self.start()
+        if not self.local:
+            self._ssh_chan.settimeout(timeout)
+        self.stats["requests"] += 1
+        resp = self._chan.request(dict(kw, op=op))
+        if resp.get("ok"):
+            return resp["result"]
+        raise AgentError(resp.get("error", "?"), resp.get("kind", "failed"), resp.get("data"))
+
+    # -- files --------------------------------------------------------------------------
+    def put(self, data: bytes, path: str, mode: int = 0o644):
+        """Write bytes to an absolute path on the host, byte for byte, then set its mode."""
+        if self.local:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(path, mode)
+            return
+        try:
+            if self._sftp is None:
+                self._sftp = self.cxn.sftp()
+            self._sftp.putfo(io.BytesIO(data), path, confirm=True)
+            self._sftp.chmod(path, mode)
+        except (OSError, EOFError) as e:
+            text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+            if "Failure" in text or getattr(e, "errno", None) == 28:
+                text += " (is the disk full?)"
+            raise OperationFailed(f"could not write {path}: {text}") from e

@@ -1,0 +1,105 @@
+"""Wait until a launched server is ready, or say at once why it never will be.
+
+Ready: the server process is alive, `/health` answers 200 and `/v1/models` lists
+the served name. Failed: the process exited, or the log shows a fatal line. Each
+tick is one agent request on the open channel (no new remote command). A dropped
+connection is re-opened (bounded) and the wait goes on from the same log offset;
+nothing is relaunched.
+"""
+import time
+
+from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
+                      wait_exponential, wait_fixed)
+
+from .errors import OperationFailed
+from .logscan import LogScanner
+from .transport import AgentStartFailed, ConnectionLost
+
+RECONNECT_BUDGET_S = 120
+
+
+class NotReadyYet(Exception):
+    pass
+
+
+class NotReadyInTime(OperationFailed):
+    pass
+
+
+def call_resilient(host, op, /, on_reconnect=None, budget=RECONNECT_BUDGET_S, **kw):
+    """host.call(op) that re-opens the connection and agent when it drops."""
+    for attempt in Retrying(retry=retry_if_exception_type(ConnectionLost), reraise=True,
+                            stop=stop_after_delay(budget),
+                            wait=wait_exponential(multiplier=0.2, max=3)):
+        with attempt:
+            if attempt.retry_state.attempt_number > 1:
+                try:
+                    host.reconnect()
+                except AgentStartFailed as e:
+                    raise ConnectionLost(str(e)) from e
+                if on_reconnect:
+                    on_reconnect()
+            return host.call(op, **kw)
+
+
+def _gpu_text(gpus):
+    if not gpus:
+        return ""
+    return " | GPU " + " ".join(f"{g['index']}:{(g['used_mib'] or 0) / 1024:.1f}G" for g in gpus)
+
+
+def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_reconnect=None,
+               gpu_probe=True):
+    """Block until ready (returns a dict of facts) or raise OperationFailed / NotReadyInTime."""
+    ready_cfg = profile.ready
+    timeout = ready_cfg.timeout if timeout is None else timeout
+    served = profile.served_name
+    scanner = LogScanner()
+    state = {"offset": 0, "nvidia_smi": profile.gpu.nvidia_smi if gpu_probe else None}
+    t0 = time.monotonic()
+    req = dict(deploy_dir=deploy_dir, release=server["release"], pid=server["pid"],
+               port=profile.server.port, host=profile.server.host,
+               health_path=ready_cfg.health_path, models_path=ready_cfg.models_path,
+               devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None)
+
+    def tick():
+        r = call_resilient(host, "poll", on_reconnect=on_reconnect, log_offset=state["offset"],
+                           nvidia_smi=state["nvidia_smi"], timeout=30, **req)
+        state["offset"] = r["log"]["offset"]
+        if state["nvidia_smi"] and r.get("gpus") is None:
+            state["nvidia_smi"] = None  # no GPUs readable here: stop asking every tick
+        fatal = scanner.feed(r["log"]["text"])
+        if fatal is not None:
+            raise OperationFailed(f"server failed: {fatal[1]}: {fatal[0].strip()}",
+                                  details=scanner.explanation())
+        if not r["alive"]:
+            # The agent read the log after seeing the process gone: its last words are in.
+            code = (r.get("exit") or {}).get("returncode")
+            how = f"exited with status {code}" if code is not None else "is gone"
+            raise OperationFailed(f"server {how} before it was ready", details=scanner.tail(20))
+        elapsed = time.monotonic() - t0
+        models = r.get("models")
+        health = r.get("health")
+        if health == 200 and (not ready_cfg.models_path or served is None or
+                              (models is not None and served in models)):
+            return {"seconds": elapsed, "models": models, "gpus": r.get("gpus")}
+        phase = scanner.phase
+        if health == 200:
+            phase = "starting api"
+            if models is not None and served not in models:
+                phase = f"serving {models}, waiting for {served!r}"
+        reporter.progress(host.name, phase,
+                          f"{phase:<12} {elapsed:6.1f}s{_gpu_text(r.get('gpus'))}")
+        raise NotReadyYet(phase)
+
+    try:
+        for attempt in Retrying(retry=retry_if_exception_type(NotReadyYet),
+                                stop=stop_after_delay(timeout),
+                                wait=wait_fixed(ready_cfg.poll_interval)):
+            with attempt:
+                return tick()
+    except RetryError:
+        raise NotReadyInTime(
+            f"server not ready after {timeout:.0f} s (last phase: {scanner.phase}); it is still "
+            f"running. Watch it with `fab tail-log --follow`, stop it with `fab stop`",
+            details=scanner.tail(20)) from None
