@@ -51,3 +51,62 @@ def stop(c, profile=None, grace=30.0, parallel=32, accept_new_host_keys=False):
     """Stop the server: SIGTERM its process group, wait, SIGKILL, sweep leftovers, check GPUs."""
     from .commands import stop as run
     run(c, locals())
+
+
+@task(help=_help(**{
+    "lines": "how many lines from the end (default 50)",
+    "follow": "keep streaming new lines until Ctrl-C; survives dropped connections",
+    "grep": "only lines matching this regular expression",
+    "release": "read an older release's log (a stamp from `fab releases`)",
+}))
+def tail_log(c, profile=None, lines=50, follow=False, grep=None, release=None, parallel=32,
+             accept_new_host_keys=False):
+    """Show the last lines of the current release's server.log; --follow streams it."""
+    from .logs import tail_log as run
+    run(c, locals())
+
+
+@task(help=_help(**{"json": "print one JSON object per host on stdout"}))
+def releases(c, profile=None, json=False, parallel=32, accept_new_host_keys=False):
+    """List the releases kept on the host: stamp, profile hash, started, how it ended, log size."""
+    from .history import releases as run
+    run(c, locals())
+
+
+@task(help=_help(**{
+    "timeout": "seconds to wait for readiness (default: the profile's ready.timeout)",
+    "no-wait": "return once launched, without waiting for readiness",
+}))
+def rollback(c, profile=None, timeout=None, no_wait=False, parallel=32, accept_new_host_keys=False):
+    """Stop the current release and relaunch the previous one exactly as it was."""
+    from .history import rollback as run
+    run(c, locals())
+
+
+@task(help=_help(**{
+    "gpus": "comma-separated GPU indices (default: the profile's gpu.devices, else all)",
+    "all": "every GPU on the host, whatever the profile says",
+    "grace": "seconds between SIGTERM and SIGKILL (default 10)",
+    "dry-run": "list what would be killed (pid, user, command, GPU, MiB); kill nothing",
+    "json": "print one JSON object per host on stdout",
+}))
+def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=False, json=False,
+                   parallel=32, accept_new_host_keys=False):
+    """Free GPUs: find every process using them, TERM then KILL, verify the memory came back."""
+    from .gpucmd import kill_gpu_procs as run
+    run(c, locals())
+
+
+@task(help=_help(**{
+    "requests": "measured requests, after one warm-up request (default 32)",
+    "concurrency": "requests in flight at once (default 4)",
+    "max-tokens": "max_tokens per request (default 128)",
+    "prompts": "JSONL file of prompts ({\"prompt\": ...} or {\"messages\": [...]} per line)",
+    "json": "print one JSON object per host on stdout",
+    "compare": "print two saved --json results side by side: --compare A.json,B.json",
+}))
+def bench(c, profile=None, requests=32, concurrency=4, max_tokens=128, prompts=None, json=False,
+          compare=None, parallel=32, accept_new_host_keys=False):
+    """Load the running server through its OpenAI API: tokens/s, TTFT, ITL, spec acceptance."""
+    from .bench import bench as run
+    run(c, locals())
