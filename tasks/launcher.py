@@ -10,7 +10,6 @@ never receives the SSH session's SIGHUP), starts the server with stdin from
 returns at once. The reaper stays to record how the server ended in `exit.json`.
 """
 import json
-import pprint
 
 from .argv import server_argv
 from .model import Profile
@@ -130,7 +129,13 @@ if __name__ == "__main__":
 
 
 def _literal(value):
-    return pprint.pformat(value, indent=4, width=88, sort_dicts=False)
+    """A list or dict as a Python literal, one item per line (readable and diffable)."""
+    if not value:
+        return repr(value)
+    if isinstance(value, dict):
+        body = "".join(f"    {k!r}: {v!r},\n" for k, v in value.items())
+        return "{\n" + body + "}"
+    return "[\n" + "".join(f"    {v!r},\n" for v in value) + "]"
 
 
 def render_launcher(profile: Profile) -> str:
