@@ -1,5 +1,6 @@
 """Task bodies: turn flags into per-host operations and run them through the boundary."""
-import time
+import os
+import sys
 
 from invoke.exceptions import Exit
 
@@ -27,8 +28,11 @@ def deploy(c, opts):
     profile = load(c, opts.get("profile"))
     opts["timeout"] = _float(opts, "timeout", 0.0)
     if opts.get("dry_run"):
-        for line in dry_run_text(profile):
-            print(line)
+        try:
+            sys.stdout.write("\n".join(dry_run_text(profile)) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # `fab deploy --dry-run | head`
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     json_mode = opts.get("json")
 
