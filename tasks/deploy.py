@@ -9,6 +9,7 @@ from .errors import ExitCode, LockHeld, OperationFailed, PreflightFailed
 from .fanout import HostResult
 from .launcher import render_argv_json, render_launcher, render_secrets
 from .model import JsonTable, Profile
+from .modelcheck import models_request
 from .transport import AgentError
 from .wait import NotReadyInTime, call_resilient, wait_ready
 
@@ -48,6 +49,7 @@ def preflight_request(profile: Profile):
         nvidia_smi=profile.gpu.nvidia_smi,
         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
         min_free_mib=profile.gpu.min_free_mib,
+        models=models_request(profile),
     )
 
 
@@ -110,6 +112,9 @@ def run_preflight(host, reporter, req):
     """Run the host's preflight; print one line per check; raise PreflightFailed on any FAIL."""
     checks = host.call("preflight", timeout=120, **req)["checks"]
     print_checks(reporter, host.name, checks)
+    counts = {s: sum(c["status"] == s for c in checks) for s in ("OK", "WARN", "FAIL")}
+    reporter.line(host.name, f"preflight: {len(checks)} checks: {counts['OK']} OK, "
+                             f"{counts['WARN']} WARN, {counts['FAIL']} FAIL")
     failed = [c for c in checks if c["status"] == "FAIL"]
     if failed:
         raise PreflightFailed(f"preflight failed ({len(failed)} check(s)); nothing was launched",

@@ -8,7 +8,7 @@ import platform
 import shutil
 import sys
 
-from . import gpu, probe
+from . import gpu, modelcheck, probe
 
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 
@@ -103,6 +103,7 @@ def check_gpus(nvidia_smi, devices, min_free):
 def run(req):
     checks = [check_python(), check_engine(req["engine"], req.get("argv0"))]
     checks += check_paths(req.get("paths", []))
+    checks += modelcheck.run(req.get("models"))
     checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
     checks += check_gpus(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"), req.get("min_free_mib", 0))
     return checks

@@ -1,0 +1,132 @@
+"""What the model-aware preflight checks, derived from the profile. Pure; no I/O.
+
+`models_request(profile)` returns the `models` section of the preflight request; the
+host (tasks/hostside/modelcheck.py) reads each model directory's config.json and runs
+the checks. Every value carries the profile key it came from, so a host-side message
+can say which line of the profile to change.
+
+Only absolute paths are model directories here (the same rule as the path checks in
+tasks/deploy.model_paths); a Hugging Face id such as "Qwen/Qwen3.6-27B" is fetched by
+the engine itself and cannot be read beforehand.
+"""
+from .model import JsonTable, Profile
+
+# SGLang's --speculative-algorithm (checked case-insensitively by SGLang) -> vLLM's method names.
+SGLANG_ALGORITHMS = {"eagle": "eagle", "eagle3": "eagle3", "nextn": "mtp", "dflash": "dflash",
+                     "standalone": "draft_model"}
+TP_FLAGS = {"vllm": ("tensor-parallel-size", "tp"), "sglang": ("tp-size", "tp", "tensor-parallel-size")}
+CONTEXT_FLAGS = {"vllm": ("max-model-len",), "sglang": ("context-length",)}
+
+
+def flag_key(name):
+    """Dashes and underscores name the same flag for argparse: compare names this way."""
+    return name.replace("_", "-")
+
+
+def _args(profile: Profile):
+    """{normalised flag: (key as written, value)}; dotted parts (`speculative-config.model`) are
+    folded into a dict under their flag, as vLLM does."""
+    out = {}
+    for name, value in profile.server.args:
+        norm = flag_key(name)
+        if isinstance(value, JsonTable):
+            value = value.value()
+        if "." in norm:
+            whole, sub = norm.split(".", 1)
+            key, table = out.setdefault(whole, (name.split(".", 1)[0], {}))
+            if isinstance(table, dict):
+                table[sub.replace("-", "_")] = value
+            continue
+        out[norm] = (name, value)
+    return out
+
+
+def _int(value):
+    """An int from an int or a decimal string (vLLM's parser accepts "15"); None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def _length(value):
+    """max-model-len as vLLM reads it: 65536, "64k" (x1000), "64K" (x1024), "1m", "1M"."""
+    if isinstance(value, str) and value[-1:] in ("k", "K", "m", "M") and value[:-1].isdigit():
+        scale = {"k": 1000, "K": 1024, "m": 1000 ** 2, "M": 1024 ** 2}[value[-1]]
+        return int(value[:-1]) * scale
+    return _int(value)
+
+
+def _first(args, names):
+    for n in names:
+        if n in args:
+            return args[n]
+    return None, None
+
+
+def _absolute(path):
+    return path if isinstance(path, str) and path.startswith("/") else None
+
+
+def models_request(profile: Profile):
+    """The `models` section of the preflight request, or None when there is nothing to read.
+
+    Keys: engine, target, draft (absolute dirs or None), method (lower case, vLLM's names),
+    spec_tokens {value, key, over}: tokens drafted per step and how far past
+    `block_size - 1` the key may go (SGLang's speculative-num-draft-tokens counts the
+    anchor too), max_model_len {value, key}, tp {value, key}, v2_runner (bool), keys {...}
+    naming where target/draft/method came from.
+    """
+    s = profile.server
+    if s.engine not in ("vllm", "sglang"):
+        return None
+    args = _args(profile)
+    keys = {"target": "server.model"}
+    draft = method = None
+    spec_tokens = None
+    if s.engine == "vllm":
+        name, spec = args.get("speculative-config", (None, None))
+        if isinstance(spec, dict):
+            base = f"server.args.{name}"
+            draft = _absolute(spec.get("model"))
+            keys["draft"] = f"{base}.model"
+            keys["method"] = f"{base}.method"
+            method = spec.get("method")
+            method = method.lower() if isinstance(method, str) else None
+            if method is None and isinstance(spec.get("model"), str):
+                # vLLM's own detection when no method is given (vllm/config/speculative.py).
+                low = spec["model"].lower()
+                method = ("eagle" if "eagle-" in low else "eagle3" if "eagle3" in low
+                          else "dflash" if "dflash" in low else None)
+            n = _int(spec.get("num_speculative_tokens"))
+            if n is not None:
+                spec_tokens = {"value": n, "key": f"{base}.num_speculative_tokens", "over": 0}
+    else:
+        name, path = args.get("speculative-draft-model-path", (None, None))
+        draft = _absolute(path)
+        keys["draft"] = f"server.args.{name}"
+        aname, algo = args.get("speculative-algorithm", (None, None))
+        if isinstance(algo, str):
+            method = SGLANG_ALGORITHMS.get(algo.lower(), algo.lower())
+            keys["method"] = f"server.args.{aname}"
+        tname, n = args.get("speculative-num-draft-tokens", (None, None))
+        if _int(n) is not None:
+            spec_tokens = {"value": _int(n), "key": f"server.args.{tname}", "over": 1}
+    target = _absolute(s.model)
+    if target is None and draft is None:
+        return None
+    cname, ctx = _first(args, CONTEXT_FLAGS[s.engine])
+    tname, tp = _first(args, TP_FLAGS[s.engine])
+    env = dict(s.env)
+    v2 = env.get("VLLM_USE_V2_MODEL_RUNNER")
+    v2 = getattr(v2, "value", v2)  # a Secret carries its value; plain env is a str
+    return dict(
+        engine=s.engine, target=target, draft=draft, method=method, keys=keys,
+        spec_tokens=spec_tokens,
+        max_model_len={"value": _length(ctx), "key": f"server.args.{cname}"} if _length(ctx) else None,
+        tp={"value": _int(tp), "key": f"server.args.{tname}"} if _int(tp) else None,
+        v2_runner=v2 == "1",
+    )
