@@ -66,8 +66,11 @@ def tail_log(c, profile=None, lines=50, follow=False, grep=None, release=None, p
     run(c, locals())
 
 
-@task(help=_help(**{"json": "print one JSON object per host on stdout"}))
-def releases(c, profile=None, json=False, parallel=32, accept_new_host_keys=False):
+@task(help=_help(**{
+    "json": "print one JSON object per host on stdout",
+    "keep": "first prune to the newest N releases (never the current one or the one before it)",
+}))
+def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_host_keys=False):
     """List the releases kept on the host: stamp, profile hash, started, how it ended, log size."""
     from .history import releases as run
     run(c, locals())

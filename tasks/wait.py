@@ -49,13 +49,16 @@ def _gpu_text(gpus):
 
 
 def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_reconnect=None,
-               gpu_probe=True):
-    """Block until ready (returns a dict of facts) or raise OperationFailed / NotReadyInTime."""
+               gpu_probe=True, log_offset=0):
+    """Block until ready (returns a dict of facts) or raise OperationFailed / NotReadyInTime.
+
+    `log_offset`: where this run's lines start in server.log (a relaunched release appends).
+    """
     ready_cfg = profile.ready
     timeout = ready_cfg.timeout if timeout is None else timeout
     served = profile.served_name
     scanner = LogScanner()
-    state = {"offset": 0, "nvidia_smi": profile.gpu.nvidia_smi if gpu_probe else None}
+    state = {"offset": log_offset, "nvidia_smi": profile.gpu.nvidia_smi if gpu_probe else None}
     t0 = time.monotonic()
     req = dict(deploy_dir=deploy_dir, release=server["release"], pid=server["pid"],
                port=profile.server.port, host=profile.server.host,

@@ -1,0 +1,228 @@
+"""`fab releases` and `fab rollback`: the releases kept on each host, and going back one.
+
+    fab releases [--json] [--keep N]
+    fab rollback [--timeout S] [--no-wait]
+
+`releases` lists, oldest first, each release's stamp, the first 12 hex digits of the
+sha256 of its saved profile.toml, when it started (server.json for the running
+one, else the stamp), how it ended (from the exit.json the launcher's reaper
+writes) and its log size; `*` marks `current`. `--keep N` first prunes to the newest
+N releases under the deploy lock (never the current one or the one before it);
+deploy prunes to `target.keep_releases` (default 5) after each launch.
+
+`rollback`, under the lock: stops the running server (as `fab stop` does) and runs
+the release before `current` again from its own files (its launch.py: same argv,
+same environment, same secrets.json), points `current` at it and waits until it is
+ready like deploy. Nothing is re-rendered from the profile given on the command
+line; readiness (port, health and models paths, served name, timeout) comes from
+the old release's saved profile.toml, falling back to the given profile's settings.
+Releases that never started (no server.log) are skipped.
+"""
+import dataclasses
+import datetime
+import os
+import signal
+import tempfile
+
+from invoke.exceptions import Exit
+
+from .errors import ExitCode, OperationFailed
+from .fanout import HostResult
+
+
+def describe_end(rec):
+    """How a release's last run ended, in words: running, exited N, killed by SIGX, ..."""
+    if rec.get("running"):
+        return f"running (pid {rec['pid']})" if rec.get("pid") else "running"
+    ex = rec.get("exit")
+    if ex and ex.get("returncode") is not None:
+        rc = int(ex["returncode"])
+        if rc < 0:
+            try:
+                return f"killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                return f"killed by signal {-rc}"
+        return f"exited {rc}"
+    if rec.get("log_bytes") is None:
+        return "never started"
+    return "gone (no exit record)"
+
+
+def stamp_time(stamp):
+    """`20250101T120000Z[-2]` -> `2025-01-01T12:00:00+00:00`, or None if it is no stamp."""
+    try:
+        t = datetime.datetime.strptime(stamp.split("-")[0], "%Y%m%dT%H%M%SZ")
+    except ValueError:
+        return None
+    return t.replace(tzinfo=datetime.timezone.utc).isoformat()
+
+
+def human_time(iso):
+    return iso.replace("T", " ").replace("+00:00", "Z")[:20] if iso else "?"
+
+
+def human_bytes(n):
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def rows(listing):
+    """Host listing -> JSON-ready records (oldest first)."""
+    out = []
+    for r in listing["releases"]:
+        ex = r.get("exit") or {}
+        sha = r.get("profile_sha256")
+        out.append({
+            "release": r["release"], "current": r["current"],
+            "profile_sha": sha[:12] if sha else None,
+            "started_at": r.get("started_at") or stamp_time(r["release"]),
+            "ended": describe_end(r), "returncode": ex.get("returncode"),
+            "ended_at": ex.get("ended_at"), "log_bytes": r.get("log_bytes"),
+            "running": bool(r.get("running")),
+        })
+    return out
+
+
+def table_lines(records):
+    head = ["", "release", "profile", "started", "ended", "log"]
+    body = [["*" if r["current"] else "", r["release"], r["profile_sha"] or "-",
+             human_time(r["started_at"]), r["ended"], human_bytes(r["log_bytes"])] for r in records]
+    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head] + body]
+
+
+def previous_release(releases, current):
+    """The newest release older than `current` that ran (has a log and a launcher), or None."""
+    names = [r["release"] for r in releases]
+    if current not in names:
+        return None
+    for r in reversed(releases[:names.index(current)]):
+        if r.get("log_bytes") is not None and r.get("has_launcher", True):
+            return r["release"]
+    return None
+
+
+class _AnyEnv(dict):
+    """Secrets are not needed to read an old profile: the release has its secrets.json."""
+
+    def __contains__(self, key):
+        return True
+
+    def __missing__(self, key):
+        return "<redacted>"
+
+
+def saved_profile(text, fallback):
+    """The old release's profile (for readiness settings), or `fallback` if it cannot be read."""
+    if not text:
+        return fallback
+    from .profile import load_profile, tomllib
+    from .toml_text import dumps
+    try:
+        data = tomllib.loads(text)
+        data.get("server", {}).pop("files", None)  # local copies; the release has its own
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "profile.toml")
+            with open(path, "w") as f:
+                f.write(dumps(data))
+            return load_profile(path, environ=_AnyEnv())
+    except Exception:  # an older llmfab's format: readiness from the given profile instead
+        return fallback
+
+
+def releases(c, opts):
+    from .boundary import load, run_task
+    from .deploy import deploy_dir, take_lock
+    profile = load(c, opts.get("profile"))
+    keep = opts.get("keep")
+    if keep is not None:
+        try:
+            keep = int(keep)
+        except (TypeError, ValueError):
+            keep = 0
+        if keep < 1:
+            raise Exit(f"error: --keep expects a whole number >= 1 (got {opts.get('keep')!r})",
+                       code=ExitCode.BAD_INPUT)
+    json_mode = opts.get("json")
+    ddir = deploy_dir(profile)
+
+    def op(host, reporter):
+        host.start()
+        if keep is not None:
+            take_lock(host, ddir, "releases --keep")
+            pruned = host.call("prune", deploy_dir=ddir, keep=keep)["pruned"]
+            reporter.line(host.name, f"pruned {len(pruned)} release(s)"
+                                     + (f": {', '.join(pruned)}" if pruned else ""))
+        listing = host.call("release_list", deploy_dir=ddir)
+        records = rows(listing)
+        if json_mode:
+            reporter.emit_json({"host": host.name, "deploy_dir": listing["deploy_dir"],
+                                "current": listing["current"], "releases": records})
+        elif records:
+            reporter.lines(host.name, table_lines(records))
+        else:
+            reporter.line(host.name, f"no releases in {listing['deploy_dir']}")
+        return HostResult(host.name, 0, f"{len(records)} release(s), current {listing['current']}")
+    run_task(c, profile, op, opts, title="releases", json_mode=json_mode)
+
+
+def rollback_host(host, profile, opts, reporter):
+    from .deploy import deploy_dir, stop_running, take_lock
+    from .wait import NotReadyInTime, call_resilient, wait_ready
+    name, ddir = host.name, deploy_dir(profile)
+    host.start()
+    take_lock(host, ddir, "rollback")
+    listing = host.call("release_list", deploy_dir=ddir)
+    current = listing["current"]
+    if current is None:
+        raise OperationFailed(f"nothing deployed in {ddir}: no release to roll back from")
+    prev = previous_release(listing["releases"], current)
+    if prev is None:
+        ran = [r["release"] for r in listing["releases"]]
+        raise OperationFailed(f"no release before {current} to roll back to in {ddir} "
+                              f"(releases: {', '.join(ran)}); nothing was changed")
+    saved = host.call("release_profile", deploy_dir=ddir, release=prev)["profile_toml"]
+    old = saved_profile(saved, profile)
+    if old is profile:
+        reporter.line(name, f"note: {prev}/profile.toml unreadable; readiness settings come "
+                            f"from {profile.path.name}")
+    reporter.line(name, f"rolling back from {current} to {prev}")
+    stop_running(host, ddir, reporter)
+    launched = host.call("relaunch", deploy_dir=ddir, release=prev,
+                         python=old.server.interpreter)
+    server = launched["server"]
+    reporter.line(name, f"relaunched release {prev}: pid {server['pid']}, "
+                        f"log {listing['deploy_dir']}/releases/{prev}/server.log")
+    result = HostResult(name, 0, f"relaunched {prev} (pid {server['pid']})",
+                        {"release": prev, "pid": server["pid"]})
+    if opts.get("no_wait"):
+        return result
+    if server.get("port") is not None and server["port"] != old.server.port:
+        old = dataclasses.replace(old, server=dataclasses.replace(old.server, port=server["port"]))
+    try:
+        facts = wait_ready(host, old, ddir, server, reporter, timeout=opts.get("timeout"),
+                           log_offset=launched.get("log_offset", 0),
+                           on_reconnect=lambda: take_lock(host, ddir, "rollback"))
+    except NotReadyInTime:
+        raise
+    except OperationFailed:
+        try:  # like deploy: a failed server is of no use; free its GPUs, keep its log
+            call_resilient(host, "stop", deploy_dir=ddir, grace=10, timeout=60, budget=10)
+        except Exception:
+            pass
+        raise
+    reporter.line(name, f"ready in {facts['seconds']:.1f} s: release {prev} on port {old.server.port}")
+    result.summary = f"rolled back to {prev}, ready in {facts['seconds']:.1f} s"
+    return result
+
+
+def rollback(c, opts):
+    from .boundary import load, run_task
+    from .commands import _float
+    profile = load(c, opts.get("profile"))
+    opts["timeout"] = _float(opts, "timeout", 0.0)
+    run_task(c, profile, lambda h, r: rollback_host(h, profile, opts, r), opts, title="rollback")
