@@ -105,6 +105,12 @@ def status(c, opts):
             record["health"] = poll["health"]
             models = poll.get("models") or []
             record["served_name"] = models[0] if len(models) == 1 else (models or None)
+        spec_lines = []
+        if st["alive"] and record["health"] == 200:
+            from .metrics import status_metrics
+            m = status_metrics(host, profile, server)
+            record["spec"], record["generation_tokens_per_s"] = m["spec"], m["generation_tokens_per_s"]
+            spec_lines = m["lines"]
         healthy = st["alive"] and record["health"] == 200
         if json_mode:
             reporter.emit_json(record)
@@ -120,6 +126,7 @@ def status(c, opts):
             reporter.line(host.name, "not deployed")
         for g in record["gpus"] or []:
             reporter.line(host.name, f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB")
+        reporter.lines(host.name, ["  " + t for t in spec_lines])
         return HostResult(host.name, 0 if healthy else ExitCode.FAILED,
                           "healthy" if healthy else ("unhealthy" if st["alive"] else "not running"))
     run_task(c, profile, op, opts, title="status", json_mode=json_mode)

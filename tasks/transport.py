@@ -19,7 +19,7 @@ from .errors import HostUnreachable, OperationFailed
 
 HOSTSIDE = Path(__file__).with_name("hostside")
 # Load order matters: a module's relative imports must already be loaded.
-HOST_MODULES = ("common", "gpu", "probe", "procs", "releases", "modelcheck", "preflight", "logs", "history",
+HOST_MODULES = ("common", "gpu", "probe", "procs", "releases", "modelcheck", "preflight", "bench", "logs", "history",
                 "agent")
 
 # Read by the profile's Python on the host: the agent's sources arrive on stdin as one

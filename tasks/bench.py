@@ -1,0 +1,161 @@
+"""`fab bench`: load the running server from the host itself and report what it delivers.
+
+Flags are checked first (exit 2, no host touched): --requests (32), --concurrency (4) and
+--max-tokens (128) must be positive integers; --prompts is a JSONL file read here, one
+`{"prompt": "..."}` (-> /v1/completions) or `{"messages": [...]}` (-> /v1/chat/completions)
+per line; without it a small built-in prompt set is used. The agent then runs one warm-up
+request (not measured) and the measured requests against 127.0.0.1:port, streaming, and
+snapshots /metrics right before and after the window, so the speculative-decoding numbers
+are counter deltas over the bench alone. `--compare A.json,B.json` prints two saved
+`--json` results side by side and touches no host.
+"""
+import json
+from pathlib import Path
+
+from invoke.exceptions import Exit
+
+from . import benchstats, metrics
+from .boundary import load, run_task
+from .errors import ExitCode, OperationFailed, UsageError
+from .fanout import HostResult
+from .model import Secret
+
+BUILTIN_PROMPTS = (
+    "Explain in a few paragraphs how a transformer language model generates text.",
+    "Write a Python function that merges two sorted lists, and explain its complexity.",
+    "Summarize the causes and consequences of the industrial revolution.",
+    "List ten practical tips for debugging a distributed system, with one example each.",
+    "Describe how speculative decoding speeds up inference of large language models.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Compare TCP and UDP: guarantees, costs, and when to choose each.",
+    "Translate into French and then explain the grammar: 'The cat sleeps on the warm roof.'",
+)
+# After the window the agent's counters may trail the last streamed token by a moment.
+COUNTER_SETTLE_S = 2.0
+
+
+def _positive(opts, key):
+    value = opts.get(key)
+    try:
+        n = int(value)
+        if n != float(value) or n < 1:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise UsageError(f"--{key.replace('_', '-')} expects a positive integer (got {value!r})") \
+            from None
+    return n
+
+
+def read_prompts(path):
+    """[{"prompt": str} | {"messages": [...]}] from a JSONL file; UsageError naming file:line."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--prompts: cannot read {path}: {getattr(e, 'strerror', None) or e}") \
+            from None
+    items = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"--prompts: {path}:{n}"
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise UsageError(f"{where}: not JSON ({e})") from None
+        if isinstance(obj, dict) and isinstance(obj.get("prompt"), str):
+            items.append({"prompt": obj["prompt"]})
+        elif isinstance(obj, dict) and isinstance(obj.get("messages"), list) and obj["messages"] \
+                and all(isinstance(m, dict) and "role" in m for m in obj["messages"]):
+            items.append({"messages": obj["messages"]})
+        else:
+            raise UsageError(f'{where}: expected {{"prompt": "text"}} or '
+                             f'{{"messages": [{{"role": ..., "content": ...}}, ...]}}')
+    if not items:
+        raise UsageError(f"--prompts: {path} holds no prompt")
+    return items
+
+
+def api_key(profile):
+    """The bearer token the server demands, if any (`api-key` arg, else VLLM_API_KEY env)."""
+    key = profile.server.arg("api-key")
+    if isinstance(key, str):
+        return key
+    env = dict(profile.server.env).get("VLLM_API_KEY")
+    return env.value if isinstance(env, Secret) else env
+
+
+def compare(spec):
+    paths = [p.strip() for p in str(spec).split(",") if p.strip()]
+    if len(paths) != 2:
+        raise UsageError(f"--compare expects two files: --compare A.json,B.json (got {spec!r})")
+    columns = benchstats.read_runs(paths[0]) + benchstats.read_runs(paths[1])
+    headers, rows = benchstats.compare_table(columns)
+    from .report import Reporter
+    Reporter().table(headers, rows)
+
+
+def _settle(host, profile, port, raw, tokens):
+    """Re-read /metrics until vLLM's generation counter covers the tokens received."""
+    import time
+    if profile.server.engine == "sglang" or not raw["before"].get("text") \
+            or not raw["after"].get("text"):
+        return
+    deadline = time.monotonic() + COUNTER_SETTLE_S
+    before = metrics.parse(raw["before"]["text"]).get(metrics.GENERATED)
+    while before is not None:
+        after = metrics.parse(raw["after"]["text"]).get(metrics.GENERATED)
+        if after is None or after - before >= tokens or time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+        res = host.call("metrics", port=port, host=profile.server.host, engine="vllm")
+        raw["after"] = res["samples"][0]
+
+
+def bench(c, opts):
+    try:
+        if opts.get("compare"):
+            return compare(opts["compare"])
+        req = {k: _positive(opts, k) for k in ("requests", "concurrency", "max_tokens")}
+        prompts = read_prompts(opts["prompts"]) if opts.get("prompts") else \
+            [{"prompt": p} for p in BUILTIN_PROMPTS]
+    except UsageError as e:
+        raise Exit(f"error: {e.message}", code=ExitCode.BAD_INPUT) from None
+    profile = load(c, opts.get("profile"))
+    json_mode = opts.get("json")
+    from .deploy import deploy_dir
+    ddir = deploy_dir(profile)
+    engine = profile.server.engine
+
+    def op(host, reporter):
+        host.start()
+        st = host.call("state", deploy_dir=ddir)
+        server = st.get("server") or {}
+        if not st["alive"]:
+            raise OperationFailed(f"the server is not running ({ddir} on {host.name}): "
+                                  "start it with `fab deploy`, see `fab status`")
+        port = server.get("port") or profile.server.port
+        reporter.line(host.name, f"bench: {req['requests']} requests (+1 warm-up), concurrency "
+                                 f"{req['concurrency']}, max_tokens {req['max_tokens']}, port {port}")
+        raw = host.call("bench", port=port, host=profile.server.host, engine=engine,
+                        model=profile.served_name, models_path=profile.ready.models_path,
+                        api_key=api_key(profile), prompts=prompts, **req)
+        tokens = sum(s["output_tokens"] for s in raw["samples"] if s["ok"])
+        _settle(host, profile, port, raw, tokens)
+        try:
+            spec = benchstats.window_spec(raw, engine)
+        except ValueError as e:
+            reporter.line(host.name, f"/metrics unreadable: {e}")
+            spec = None
+        rec = benchstats.record(host.name, raw, spec)
+        if json_mode:
+            reporter.emit_json(rec)
+        unreadable = raw["after"].get("error") if engine != "sglang" else None
+        reporter.lines(host.name, ["  " + t for t in benchstats.human_lines(rec, engine, unreadable)])
+        for err in benchstats.first_errors(raw):
+            reporter.line(host.name, f"  error: {err}")
+        failed = rec["errors"] == rec["requests"]
+        summary = (f"{rec['requests_per_s'] or 0:.2f} req/s, {rec['output_tokens_per_s'] or 0:.1f} "
+                   f"tok/s" + (f", {rec['errors']} errors" if rec["errors"] else ""))
+        return HostResult(host.name, ExitCode.FAILED if failed else 0,
+                          "every request failed" if failed else summary)
+    run_task(c, profile, op, opts, title="bench", json_mode=json_mode)

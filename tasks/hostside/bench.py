@@ -1,0 +1,202 @@
+"""Host side of `fab bench` and of the throughput part of `fab status` (stdlib only, 3.9+).
+
+Ops:
+  metrics  raw /metrics text (one sample, or two `interval` seconds apart), and for
+           SGLang the /server_info JSON (older versions: /get_server_info). Parsing
+           happens on the laptop with prometheus_client's parser, not here.
+  bench    loads the server from the host itself through its OpenAI API (127.0.0.1:port),
+           so no port needs to be open to the laptop: one warm-up request (not measured),
+           then `requests` streamed requests, `concurrency` at a time. It snapshots
+           /metrics right before and right after the measured window and returns raw
+           per-request samples; every statistic is computed on the laptop.
+
+Inter-token latency is the gap between streamed chunks that carry text, as vLLM's own
+benchmark measures it: with speculative decoding one chunk may carry several tokens.
+"""
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from .common import HostError
+from .probe import probe_host
+
+METRICS_LIMIT = 16 << 20          # bytes of /metrics text we accept
+ERROR_TEXT = 300                  # characters of an error kept per request
+SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
+
+
+def _get(host, port, path, timeout=5.0, headers=None):
+    """(status, text) or (None, error text). Never raises."""
+    req = urllib.request.Request("http://%s:%d%s" % (host, port, path), headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read(METRICS_LIMIT).decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, (e.read(4096) if e.fp else b"").decode("utf-8", "replace")
+    except (OSError, ValueError) as e:
+        return None, str(getattr(e, "reason", e))
+
+
+def _server_info(host, port):
+    for path in SERVER_INFO_PATHS:
+        status, text = _get(host, port, path)
+        if status == 200:
+            try:
+                return json.loads(text)
+            except ValueError:
+                return None
+    return None
+
+
+def snapshot(host, port, engine):
+    """One look at the server's counters: {t, status, text, error, server_info}."""
+    t = time.monotonic()
+    status, text = _get(host, port, "/metrics")
+    out = {"t": t, "status": status, "text": text if status == 200 else None,
+           "error": None if status == 200 else (text if status is None else "HTTP %d" % status)}
+    out["server_info"] = _server_info(host, port) if engine == "sglang" else None
+    return out
+
+
+def op_metrics(req):
+    """{samples: [snapshot, ...]}: one, or two `interval` seconds apart (for a rate)."""
+    host, port = probe_host(req.get("host", "127.0.0.1")), req["port"]
+    engine = req.get("engine", "vllm")
+    samples = [snapshot(host, port, engine)]
+    interval = float(req.get("interval") or 0)
+    if interval > 0 and samples[0]["text"] is not None:
+        time.sleep(interval)
+        samples.append(snapshot(host, port, engine))
+    return {"samples": samples}
+
+
+def _content(chunk):
+    """The text a streamed chunk carries (completions, chat, or a reasoning field)."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return ""
+    c = choices[0]
+    if "text" in c:
+        return c.get("text") or ""
+    delta = c.get("delta") or {}
+    return (delta.get("content") or "") + (delta.get("reasoning_content") or "") \
+        + (delta.get("reasoning") or "")
+
+
+def one_request(url, body, headers, timeout):
+    """Send one streamed request; return its sample (never raises)."""
+    sample = {"ok": False, "error": None, "ttft_s": None, "itl_s": [], "output_tokens": 0,
+              "latency_s": None, "usage": False}
+    data = json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers, method="POST")
+    t0 = time.perf_counter()
+    last, chunks, done = None, 0, False
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    break
+                chunk = json.loads(payload)
+                if chunk.get("error"):
+                    raise ValueError("server error in stream: %s" % json.dumps(chunk["error"]))
+                now = time.perf_counter()
+                if _content(chunk):
+                    chunks += 1
+                    if last is None:
+                        sample["ttft_s"] = now - t0
+                    else:
+                        sample["itl_s"].append(round(now - last, 6))
+                    last = now
+                usage = chunk.get("usage")
+                if usage and usage.get("completion_tokens") is not None:
+                    sample["output_tokens"] = int(usage["completion_tokens"])
+                    sample["usage"] = True
+        if not done:
+            raise ValueError("the stream ended without [DONE]")
+        if not sample["usage"]:
+            sample["output_tokens"] = chunks
+        sample["ok"] = True
+    except urllib.error.HTTPError as e:
+        text = (e.read(ERROR_TEXT) if e.fp else b"").decode("utf-8", "replace")
+        sample["error"] = ("HTTP %d: %s" % (e.code, text.strip()))[:ERROR_TEXT]
+    except (OSError, ValueError) as e:
+        sample["error"] = ("%s: %s" % (type(e).__name__, getattr(e, "reason", e)))[:ERROR_TEXT]
+    sample["latency_s"] = time.perf_counter() - t0
+    return sample
+
+
+def _request_for(item, model, max_tokens):
+    """(path, body) for one prompt item: {"prompt": ...} or {"messages": [...]}."""
+    body = {"model": model, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if "messages" in item:
+        body["messages"] = item["messages"]
+        return "/v1/chat/completions", body
+    body["prompt"] = item["prompt"]
+    return "/v1/completions", body
+
+
+def _first_model(host, port, path, headers):
+    status, text = _get(host, port, path or "/v1/models", headers=headers)
+    try:
+        return json.loads(text)["data"][0]["id"] if status == 200 else None
+    except (ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def op_bench(req):
+    """Warm up once, then run the measured window; returns raw samples and both snapshots."""
+    host, port = probe_host(req.get("host", "127.0.0.1")), req["port"]
+    engine = req.get("engine", "vllm")
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if req.get("api_key"):
+        headers["Authorization"] = "Bearer " + req["api_key"]
+    prompts = req["prompts"]
+    n, conc, max_tokens = int(req["requests"]), int(req["concurrency"]), int(req["max_tokens"])
+    timeout = float(req.get("request_timeout") or 600)
+    model = req.get("model") or _first_model(host, port, req.get("models_path"), headers)
+    if not model:
+        raise HostError("no served model name: the server's /v1/models lists none",
+                        kind="no_model")
+    base = "http://%s:%d" % (host, port)
+
+    def run(i):
+        path, body = _request_for(prompts[i % len(prompts)], model, max_tokens)
+        return one_request(base + path, body, headers, timeout)
+
+    warm = run(0)
+    if not warm["ok"]:
+        raise HostError("the warm-up request failed: %s" % warm["error"], kind="warmup_failed")
+    before = snapshot(host, port, engine)
+    samples = [None] * n
+    lock = threading.Lock()
+    todo = iter(range(n))
+
+    def worker():
+        while True:
+            with lock:
+                i = next(todo, None)
+            if i is None:
+                return
+            samples[i] = run(i + 1)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, n))]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    duration = time.monotonic() - t0
+    after = snapshot(host, port, engine)
+    return {"model": model, "duration_s": duration, "samples": samples,
+            "before": before, "after": after}
+
+
+OPS = {"metrics": op_metrics, "bench": op_bench}
