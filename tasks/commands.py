@@ -62,25 +62,51 @@ def check(c, opts):
 
 
 def stop(c, opts):
-    from .deploy import deploy_dir, stop_running
+    """Body of `fab stop`: TERM, wait --grace (default 30 s), KILL, sweep, GPU memory back."""
+    from .deploy import deploy_dir, take_lock
+    from .stopping import stop_deployment
     profile = load(c, opts.get("profile"))
     grace = _float(opts, "grace", 0.0)
     ddir = deploy_dir(profile)
 
     def op(host, reporter):
-        from .deploy import take_lock
         host.start()
         take_lock(host, ddir, "stop")
-        res = stop_running(host, ddir, reporter, grace=grace)
+        res = stop_deployment(host, ddir, reporter, grace=grace)
         if res["already_stopped"]:
-            reporter.line(host.name, "not running: nothing to stop")
+            release = (res["server"] or {}).get("release")
+            reporter.line(host.name, f"not running (release {release}): nothing to stop" if release
+                          else f"not deployed here ({ddir}): nothing to stop")
             return HostResult(host.name, 0, "already stopped")
-        return HostResult(host.name, 0, f"stopped in {res['seconds']:.1f} s")
+        summary = f"stopped in {res['seconds']:.1f} s"
+        if res["memory_s"] is not None:
+            summary += f", GPU memory back after {res['memory_s']:.1f} s"
+        return HostResult(host.name, 0, summary, {"stop": res})
     run_task(c, profile, op, opts, title="stop")
+
+
+def _uptime(server, state):
+    """Seconds since server.json's started_at, by the host's clock (None if unknown)."""
+    import datetime
+    try:
+        started = datetime.datetime.fromisoformat(server["started_at"]).timestamp()
+        return max(0, round(state["now"] - started))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _duration(seconds):
+    if seconds is None:
+        return "?"
+    d, rest = divmod(int(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return (f"{d}d{h:02d}h" if d else f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s")
 
 
 def status(c, opts):
     from .deploy import deploy_dir
+    from .gpuwait import profile_devices
     profile = load(c, opts.get("profile"))
     json_mode = opts.get("json")
     ddir = deploy_dir(profile)
@@ -93,8 +119,8 @@ def status(c, opts):
                   "release": server.get("release"), "port": server.get("port"),
                   "health": None, "served_name": None, "gpus": None, "spec": None,
                   "generation_tokens_per_s": None}
-        gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi,
-                         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None)
+        record["uptime_s"] = _uptime(server, st) if st["alive"] else None
+        gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile_devices(profile))
         record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
                           for g in (gpus["gpus"] or [])] or None
         if st["alive"]:
@@ -116,6 +142,7 @@ def status(c, opts):
             reporter.emit_json(record)
         if st["alive"]:
             reporter.line(host.name, f"running: release {record['release']}, pid {record['pid']}, "
+                                     f"up {_duration(record['uptime_s'])}, "
                                      f"port {record['port']}, health {record['health']}, "
                                      f"model {record['served_name']}")
         elif server:

@@ -7,6 +7,7 @@ import socket
 from .argv import server_argv
 from .errors import ExitCode, LockHeld, OperationFailed, PreflightFailed
 from .fanout import HostResult
+from .gpuwait import profile_devices
 from .launcher import render_argv_json, render_launcher, render_secrets
 from .model import JsonTable, Profile
 from .modelcheck import models_request
@@ -137,13 +138,9 @@ def push_release(host, profile, ddir):
 
 
 def stop_running(host, ddir, reporter, grace=30):
-    res = host.call("stop", deploy_dir=ddir, grace=grace, timeout=grace + 60)
-    if not res["already_stopped"]:
-        reporter.line(host.name, f"stopped release {res['server'].get('release')} "
-                                 f"({len(res['terminated'])} terminated, {len(res['killed'])} killed)")
-    if res.get("survivors"):
-        raise OperationFailed(f"could not stop the running release: pids {res['survivors']} survive SIGKILL")
-    return res
+    """Stop the running release exactly as `fab stop` does (tasks/stopping.py), GPU check included."""
+    from .stopping import stop_deployment
+    return stop_deployment(host, ddir, reporter, grace=grace)
 
 
 def deploy_host(host, profile, opts, reporter):
@@ -162,6 +159,9 @@ def deploy_host(host, profile, opts, reporter):
     if running:
         reporter.line(name, f"release {state['current']} is running: stopping it first")
         stop_running(host, ddir, reporter)
+    # What the GPUs hold without this server: `fab stop` waits until they are back to it.
+    host.call("gpu_baseline", deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
+              devices=profile_devices(profile), timeout=60)
     launched = host.call("launch", deploy_dir=ddir, release=rel["release"],
                          python=profile.server.interpreter, keep=profile.target.keep_releases)
     server = launched["server"]

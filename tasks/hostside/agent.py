@@ -14,7 +14,7 @@ import socket
 import sys
 import traceback
 
-from . import bench, gpu, history, logs, preflight, probe, procs, releases
+from . import bench, gpu, gpuprocs, history, logs, preflight, probe, procs, releases
 from .common import CONTEXT, HostError
 
 VERSION = 1
@@ -41,7 +41,7 @@ def _user():
 
 
 OPS = {"hello": op_hello}
-for _module in (releases, probe, gpu, procs, preflight, logs, history, bench):
+for _module in (releases, probe, gpu, gpuprocs, procs, preflight, logs, history, bench):
     OPS.update(getattr(_module, "OPS", {}))
 
 

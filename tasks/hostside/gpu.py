@@ -1,12 +1,21 @@
 """GPU facts on the host: nvidia-smi queries and their parsers (pure, fixture-tested).
 
-Fields can read `[N/A]`, `[Not Supported]` or be empty: such values parse to None.
+nvidia-smi prints `--format=csv,noheader,nounits` rows as cells joined by ", ", never
+quoted. Cells can read `[N/A]`, `[Not Supported]`, `[Not Found]` or be empty: numbers
+then parse to None. A name may itself hold commas (process paths do): the cells
+around it have fixed positions, so the name is whatever lies between them. Lines
+that do not parse (a header, "No devices were found") are skipped.
 """
+import os
 import shutil
 import subprocess
+import time
+
+from .common import expand, write_json
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
 APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")
+RUN_TIMEOUT_S = 20  # nvidia-smi can hang for seconds on a wedged driver; never forever
 
 
 def gpu_query(nvidia_smi="nvidia-smi"):
@@ -18,60 +27,73 @@ def app_query(nvidia_smi="nvidia-smi"):
 
 
 def _num(text):
-    text = text.strip()
+    parts = (text or "").split()
     try:
-        return int(float(text))
-    except ValueError:
+        return int(float(parts[0]))  # "143771" or, with units, "143771 MiB"
+    except (IndexError, ValueError):
         return None  # [N/A], [Not Supported], ""
 
 
-def _rows(text, width):
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) > width:  # a name with commas: keep the edges, join the middle
-            cells = cells[:2] + [",".join(cells[2:len(cells) - width + 3])] + cells[len(cells) - width + 3:]
-        if len(cells) == width:
-            yield cells
+def _text(cell):
+    cell = cell.strip()
+    return None if cell.startswith("[") and cell.endswith("]") else cell  # [N/A], [Not Found]
+
+
+def split_row(line, width, name_at):
+    """Cells of one CSV row; the cell at `name_at` absorbs any extra commas. None if short."""
+    raw = line.rstrip("\r\n").split(",")
+    if len(raw) < width:
+        return None
+    extra = len(raw) - width
+    name = ",".join(raw[name_at:name_at + extra + 1])
+    cells = raw[:name_at] + [name] + raw[name_at + extra + 1:]
+    return [c.strip() for c in cells]
 
 
 def parse_gpus(text):
+    """[{index, uuid, name, used_mib, total_mib, util_pct}] from a --query-gpu CSV."""
     out = []
-    for idx, uuid, name, used, total, util in _rows(text, len(GPU_FIELDS)):
-        index = _num(idx)
-        if index is None:
+    for line in (text or "").splitlines():
+        cells = split_row(line, len(GPU_FIELDS), 2)
+        if cells is None:
             continue
-        out.append({"index": index, "uuid": uuid, "name": name, "used_mib": _num(used),
+        idx, uuid, name, used, total, util = cells
+        if not idx.isdigit():
+            continue
+        out.append({"index": int(idx), "uuid": uuid, "name": name, "used_mib": _num(used),
                     "total_mib": _num(total), "util_pct": _num(util)})
     return out
 
 
 def parse_apps(text, gpus=()):
+    """[{pid, name, used_mib, gpu_uuid, gpu, source}] from a --query-compute-apps CSV.
+
+    `gpu` is the index joined on uuid (None when the uuid is not among `gpus`).
+    """
     by_uuid = {g["uuid"]: g["index"] for g in gpus}
     out = []
-    for line in text.splitlines():
-        if not line.strip():
+    for line in (text or "").splitlines():
+        cells = split_row(line, len(APP_FIELDS), 1)
+        if cells is None or not cells[0].isdigit():
             continue
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 4:
-            continue
-        pid, used, uuid = _num(cells[0]), _num(cells[-2]), cells[-1]
-        if pid is None:
-            continue
-        out.append({"pid": pid, "name": ",".join(cells[1:-2]), "used_mib": used,
+        pid, name, used, uuid = cells
+        out.append({"pid": int(pid), "name": _text(name), "used_mib": _num(used),
                     "gpu_uuid": uuid, "gpu": by_uuid.get(uuid), "source": "nvidia-smi"})
     return out
 
 
 def _run(argv):
+    """(stdout text, None) or (None, why it failed)."""
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, str(e)
+                              stderr=subprocess.PIPE, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return None, "%s did not answer within %d s" % (argv[0], RUN_TIMEOUT_S)
+    except OSError as e:
+        return None, "%s: %s" % (argv[0], e.strerror or e)
     if proc.returncode != 0:
-        return None, (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()
+        text = (proc.stderr or proc.stdout).decode("utf-8", "replace").strip()
+        return None, "%s exited with status %d: %s" % (argv[0], proc.returncode, text[-500:])
     return proc.stdout.decode("utf-8", "replace"), None
 
 
@@ -79,21 +101,31 @@ def available(nvidia_smi="nvidia-smi"):
     return shutil.which(nvidia_smi) is not None
 
 
-def read_gpus(nvidia_smi="nvidia-smi"):
-    """[{index, uuid, name, used_mib, total_mib, util_pct}] or None when there is no nvidia-smi."""
+def query_gpus(nvidia_smi="nvidia-smi"):
+    """(gpus, None) or (None, why nvidia-smi cannot be read here)."""
     if not available(nvidia_smi):
-        return None
+        return None, "%s not found on PATH" % nvidia_smi
     text, err = _run(gpu_query(nvidia_smi))
     if text is None:
-        return None
-    return parse_gpus(text)
+        return None, err
+    return parse_gpus(text), None
+
+
+def read_gpus(nvidia_smi="nvidia-smi"):
+    """[{index, uuid, name, used_mib, total_mib, util_pct}] or None when there is no nvidia-smi."""
+    return query_gpus(nvidia_smi)[0]
+
+
+def query_apps(nvidia_smi="nvidia-smi", gpus=()):
+    """(apps, None) or ([], why the process list could not be read)."""
+    text, err = _run(app_query(nvidia_smi))
+    return parse_apps(text or "", gpus), err
 
 
 def read_apps(nvidia_smi="nvidia-smi", gpus=None):
     if gpus is None:
         gpus = read_gpus(nvidia_smi) or []
-    text, err = _run(app_query(nvidia_smi))
-    return parse_apps(text or "", gpus)
+    return query_apps(nvidia_smi, gpus)[0]
 
 
 def select(gpus, devices):
@@ -108,4 +140,18 @@ def op_gpus(req):
     return {"gpus": select(read_gpus(req.get("nvidia_smi") or "nvidia-smi"), req.get("devices"))}
 
 
-OPS = {"gpus": op_gpus}
+def op_gpu_baseline(req):
+    """Record every GPU's used memory in <release>/gpu-baseline.json just before a launch.
+
+    `fab stop` later waits until the deployment's devices are back to these readings.
+    """
+    nvidia_smi = req.get("nvidia_smi") or "nvidia-smi"
+    gpus, err = query_gpus(nvidia_smi)
+    record = {"taken_at": time.time(), "nvidia_smi": nvidia_smi, "devices": req.get("devices"),
+              "gpus": gpus, "error": err}
+    path = os.path.join(expand(req["deploy_dir"]), "releases", req["release"], "gpu-baseline.json")
+    write_json(path, record, 0o600)
+    return record
+
+
+OPS = {"gpus": op_gpus, "gpu_baseline": op_gpu_baseline}

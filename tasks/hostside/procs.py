@@ -2,6 +2,8 @@
 
 Stragglers are processes that left the server's process group (e.g. a worker that
 called setsid) but still carry the launcher's `LLMFAB_RELEASE` environment marker.
+The answer carries the release's gpu-baseline.json so the caller can wait until the
+GPUs are back to what they held before the launch (tasks/gpuwait.py does).
 """
 import os
 import signal
@@ -52,39 +54,69 @@ def _wait_gone(pids, deadline):
         time.sleep(0.05)
 
 
-def stop(ddir, grace):
-    server = read_json(os.path.join(ddir, "server.json")) or {}
-    pgid = server.get("pgid")
-    targets = set(marked(ddir))
+def ours(ddir, pgid):
+    """(live pids of this deployment, its pgid or None): marked ones, plus the server's group.
+
+    The group counts only while a member carries the marker: after a reboot or a long
+    time the pgid in server.json may name some unrelated group.
+    """
+    pids = set(marked(ddir))
     if pgid:
-        targets.update(group_members(pgid))
+        group = set(group_members(pgid))
+        if group & pids:
+            return pids | group, pgid
+    return pids, None
+
+
+def stop(ddir, grace):
+    """TERM the group and every marked process, wait `grace` s, then KILL whatever is left."""
+    server = read_json(os.path.join(ddir, "server.json")) or {}
+    targets, pgid = ours(ddir, server.get("pgid"))
     if not targets:
-        return {"already_stopped": True, "server": server or None, "terminated": [], "killed": []}
+        return {"already_stopped": True, "server": server or None, "terminated": [], "killed": [],
+                "survivors": []}
     names = {p: cmdline(p) for p in targets}
     t0 = time.monotonic()
     _signal(sorted(targets), pgid, signal.SIGTERM)
-    left = _wait_gone(sorted(targets), t0 + grace)
-    killed = []
+    _wait_gone(sorted(targets), t0 + grace)
+    # The sweep: what survived TERM, and anything of ours spawned meanwhile (a worker
+    # that called setsid after the first scan, say) goes by KILL.
+    now, pgid = ours(ddir, server.get("pgid") if pgid else None)
+    left = sorted(p for p in now | targets if pid_alive(p))
+    for p in left:
+        names.setdefault(p, cmdline(p))
+    survivors = []
     if left:
-        # Anything that joined the group or was spawned meanwhile goes too.
-        left = sorted(set(left) | set(marked(ddir)) | set(group_members(pgid) if pgid else ()))
         _signal(left, pgid, signal.SIGKILL)
-        killed = left
-        left = _wait_gone(left, time.monotonic() + 5)
+        survivors = _wait_gone(left, time.monotonic() + 5)
     return {
         "already_stopped": False,
         "server": server,
-        "terminated": sorted(p for p in targets if p not in killed),
-        "killed": killed,
-        "survivors": left,
+        "terminated": sorted(p for p in targets if p not in left),
+        "killed": left,
+        "survivors": survivors,
         "names": {str(k): v for k, v in names.items()},
         "seconds": round(time.monotonic() - t0, 3),
     }
 
 
+def baseline(ddir, server):
+    """The GPU readings recorded just before this server's launch (gpu-baseline.json), or None."""
+    if not server or not server.get("release"):
+        return None
+    return read_json(os.path.join(ddir, "releases", server["release"], "gpu-baseline.json"))
+
+
 def op_stop(req):
     ddir = expand(req["deploy_dir"])
+    server = read_json(os.path.join(ddir, "server.json"))
+    base = baseline(ddir, server)
+    before = None
+    if base and base.get("gpus") and ours(ddir, (server or {}).get("pgid"))[0]:
+        before = gpu.read_gpus(base.get("nvidia_smi") or "nvidia-smi")  # for the "8123 -> 3 MiB" lines
     out = stop(ddir, float(req.get("grace", 30)))
+    out["baseline"] = base
+    out["gpus_before"] = before
     if req.get("nvidia_smi"):
         out["gpus"] = gpu.select(gpu.read_gpus(req["nvidia_smi"]), req.get("devices"))
     return out

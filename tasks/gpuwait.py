@@ -1,0 +1,104 @@
+"""GPU memory that really came back: which devices, how much is enough, who still holds it.
+
+After `fab stop` the deployment's devices must fall back to the readings recorded just
+before its launch (gpu-baseline.json); after `fab kill-gpu-procs` each GPU must drop by
+the memory its killed processes held. "Back" allows a tolerance of
+max(TOLERANCE_MIB, TOLERANCE_FRACTION of the reading it is compared with): the driver
+keeps some bookkeeping, and other tenants of a shared GPU move a little. The wait polls
+the host (one agent request per tick, every POLL_S) with tenacity for at most
+FREE_TIMEOUT_S, then fails naming every process still on those GPUs.
+"""
+from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+
+from .errors import OperationFailed
+
+TOLERANCE_MIB = 256
+TOLERANCE_FRACTION = 0.02
+FREE_TIMEOUT_S = 30.0
+POLL_S = 0.25
+
+
+class NotFreedYet(Exception):
+    def __init__(self, survey, over, lingering):
+        super().__init__("GPU memory not back yet")
+        self.survey, self.over, self.lingering = survey, over, lingering
+
+
+def tolerance(mib):
+    return max(TOLERANCE_MIB, int(TOLERANCE_FRACTION * (mib or 0)))
+
+
+def profile_devices(profile):
+    """The GPUs a deployment uses: gpu.devices, else server.env CUDA_VISIBLE_DEVICES, else None (all)."""
+    if profile.gpu.devices is not None:
+        return list(profile.gpu.devices)
+    visible = profile.plain_env().get("CUDA_VISIBLE_DEVICES")
+    if isinstance(visible, str) and visible.strip():
+        parts = [p.strip() for p in visible.split(",")]
+        if all(p.isdigit() for p in parts):
+            return [int(p) for p in parts]
+    return None  # UUIDs or MIG names: we cannot map them to indexes here, so all GPUs
+
+
+def describe(proc):
+    """One line naming a process found on a GPU, with its source."""
+    where = ", ".join(f"GPU {g['index']}" + (f" {g['used_mib']} MiB" if g["used_mib"] is not None else "")
+                      for g in proc["gpus"])
+    extra = f", {proc['protected']}, left alone" if proc.get("protected") else ""
+    return (f"pid {proc['pid']} ({proc['user']}, {where}, via {proc['source']}{extra}): "
+            f"{proc['command'][:160]}")
+
+
+def describe_foreign(app):
+    mib = f", {app['used_mib']} MiB" if app.get("used_mib") is not None else ""
+    return f"pid {app['pid']} (GPU {app['gpu']}{mib}, via nvidia-smi; not a process of this PID namespace)"
+
+
+def holders(survey):
+    return [describe(p) for p in survey["procs"]] + [describe_foreign(f) for f in survey["foreign"]]
+
+
+def wait_freed(host, *, nvidia_smi, limits, gone_pids=(), timeout=FREE_TIMEOUT_S, sleep=None,
+               what="GPU memory"):
+    """Poll until every GPU in limits ({index: max used MiB}) is at or under its limit and no
+    pid of gone_pids is seen on a GPU. Returns the last survey; raises OperationFailed."""
+    gone = set(gone_pids)
+    devices = sorted(limits) if limits else None
+
+    def tick():
+        s = host.call("gpu_procs", nvidia_smi=nvidia_smi, devices=devices, timeout=60)
+        over = [g for g in s["gpus"] or () if g["index"] in limits and g["used_mib"] is not None
+                and g["used_mib"] > limits[g["index"]]]
+        lingering = [p for p in s["procs"] if p["pid"] in gone]
+        if over or lingering:
+            raise NotFreedYet(s, over, lingering)
+        return s
+
+    kw = {"sleep": sleep} if sleep is not None else {}
+    try:
+        for attempt in Retrying(retry=retry_if_exception_type(NotFreedYet), stop=stop_after_delay(timeout),
+                                wait=wait_fixed(POLL_S), reraise=True, **kw):
+            with attempt:
+                return tick()
+    except (NotFreedYet, RetryError) as e:
+        err = e if isinstance(e, NotFreedYet) else e.last_attempt.exception()
+        parts = [f"GPU {g['index']} uses {g['used_mib']} MiB (limit {limits[g['index']]} MiB)"
+                 for g in err.over]
+        parts += [f"pid {p['pid']} still holds a GPU" for p in err.lingering]
+        raise OperationFailed(
+            f"{what} not freed after {timeout:.0f} s: " + "; ".join(parts)
+            + ". Processes still on these GPUs are listed below; free them with `fab kill-gpu-procs`",
+            details=holders(err.survey) or ["no process visible from this host holds them"]) from None
+
+
+def gpu_lines(before, after, baseline=None):
+    """Per GPU: 'GPU 0: 8123 -> 3 MiB (baseline 0 MiB)' from readings keyed by index."""
+    out = []
+    base = {g["index"]: g for g in baseline or ()}
+    for g in after or ():
+        b = next((x for x in before or () if x["index"] == g["index"]), None)
+        text = f"GPU {g['index']}: {b['used_mib'] if b else '?'} -> {g['used_mib']} MiB"
+        if g["index"] in base:
+            text += f" (baseline {base[g['index']]['used_mib']} MiB)"
+        out.append(text)
+    return out

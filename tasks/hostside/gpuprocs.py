@@ -1,0 +1,255 @@
+"""Who uses the GPUs, from two sources, and how to free them (host side).
+
+- nvidia-smi: pid, name and MiB per GPU. In a container (LXC, docker) it reports the
+  outer PID namespace's numbers: they do not exist here, or are other processes.
+  Such entries are reported as `foreign` and never signalled.
+- proc-fd: processes holding an fd on a per-GPU node /dev/nvidia<N>. /dev/nvidiactl
+  and /dev/nvidia-uvm are opened by every CUDA user and say nothing about which GPU,
+  so they are ignored. This source has no MiB.
+
+A process nvidia-smi lists under a local PID keeps nvidia-smi's GPUs (a CUDA process
+may open the nodes of GPUs it does not use); one only /proc sees gets its nodes' GPUs.
+Never touched: nvidia-persistenced, DCGM (nv-hostengine, dcgm-exporter), the fabric
+manager, nvidia-smi, display servers, this agent and its ancestors.
+"""
+import os
+import re
+import signal
+import time
+
+from . import gpu
+from .common import cmdline, pid_alive
+
+PROC = "/proc"
+GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
+PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nv-fabricmanager",
+             "nvidia-fabricmanager", "nvidia-smi", "Xorg", "Xwayland")
+KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap big CUDA processes
+
+
+def _read(path, mode="r"):
+    try:
+        with open(path, mode) as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def minor_to_index(gpus, proc_root=PROC):
+    """{device minor: nvidia-smi index} from /proc/driver/nvidia; minor == index where absent."""
+    by_uuid = {g["uuid"]: g["index"] for g in gpus or ()}
+    out = {}
+    base = os.path.join(proc_root, "driver", "nvidia", "gpus")
+    try:
+        buses = os.listdir(base)
+    except OSError:
+        buses = []
+    for bus in buses:
+        info = _read(os.path.join(base, bus, "information")) or ""
+        minor = re.search(r"^Device Minor:\s*(\d+)", info, re.M)
+        uuid = re.search(r"^GPU UUID:\s*(\S+)", info, re.M)
+        if minor and uuid and uuid.group(1) in by_uuid:
+            out[int(minor.group(1))] = by_uuid[uuid.group(1)]
+    return out
+
+
+def scan_fds(proc_root=PROC):
+    """{pid: set of minors N of the /dev/nvidia<N> nodes it holds open}, this PID namespace."""
+    out = {}
+    for name in os.listdir(proc_root):
+        if not name.isdigit():
+            continue
+        fd_dir = os.path.join(proc_root, name, "fd")
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue  # gone, or another user's process and we are not root
+        minors = set()
+        for fd in fds:
+            try:
+                m = GPU_NODE.match(os.readlink(os.path.join(fd_dir, fd)))
+            except OSError:
+                continue
+            if m:
+                minors.add(int(m.group(1)))
+        if minors:
+            out[int(name)] = minors
+    return out
+
+
+def proc_info(pid, proc_root=PROC):
+    """{pid, start, user, command, comm} or None when the pid does not exist here."""
+    stat = _read(os.path.join(proc_root, str(pid), "stat"))
+    if stat is None:
+        return None
+    try:
+        fields = stat.rsplit(")", 1)[1].split()
+        start = int(fields[19])
+    except (IndexError, ValueError):
+        start = None
+    uid = None
+    for line in (_read(os.path.join(proc_root, str(pid), "status")) or "").splitlines():
+        if line.startswith("Uid:"):
+            uid = int(line.split()[1])
+    raw = _read(os.path.join(proc_root, str(pid), "cmdline"), "rb") or b""
+    command = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    comm = (_read(os.path.join(proc_root, str(pid), "comm")) or "").strip()
+    return {"pid": pid, "start": start, "user": _user(uid), "command": command or "[%s]" % comm,
+            "comm": comm}
+
+
+def _user(uid):
+    if uid is None:
+        return "?"
+    try:
+        import pwd
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def protected_reason(info, me=None, proc_root=PROC):
+    """Why this process must never be signalled, or None."""
+    if info["pid"] in _ancestry(me or os.getpid(), proc_root):
+        return "llmfab's own agent"
+    argv0 = os.path.basename(info["command"].split(" ", 1)[0]) if info["command"] else ""
+    for name in PROTECTED:
+        if argv0 == name or info["comm"] == name[:15]:
+            return "system service %s" % name
+    return None
+
+
+def _ancestry(pid, proc_root=PROC):
+    out = set()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        stat = _read(os.path.join(proc_root, str(pid), "stat"))
+        try:
+            pid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (AttributeError, IndexError, ValueError):
+            break
+    return out
+
+
+def _same_process(smi_name, info):
+    """Does the local process look like the one nvidia-smi named? (Loose: names vary.)"""
+    if not smi_name:
+        return True
+    base = os.path.basename(smi_name.split(" ", 1)[0])
+    return bool(base) and (base in info["command"] or base[:15] == info["comm"]
+                           or info["comm"] in smi_name)
+
+
+def survey(nvidia_smi="nvidia-smi", devices=None, proc_root=PROC, me=None):
+    """Every process using the selected GPUs, merged from both sources; see the module doc."""
+    gpus, smi_error = gpu.query_gpus(nvidia_smi)
+    apps, app_error = gpu.query_apps(nvidia_smi, gpus or []) if gpus is not None else ([], None)
+    minors = minor_to_index(gpus, proc_root)
+    wanted = None if devices is None else set(devices)
+    procs, foreign = {}, []
+
+    def entry(info, source):
+        rec = procs.get(info["pid"])
+        if rec is None:
+            rec = procs[info["pid"]] = dict(info, sources=[], gpus={},
+                                            protected=protected_reason(info, me, proc_root))
+        if source not in rec["sources"]:
+            rec["sources"].append(source)
+        return rec
+
+    seen_by_smi = set()  # local pids nvidia-smi lists on any GPU: its GPUs are the truth for them
+    for app in apps:
+        info = proc_info(app["pid"], proc_root)
+        local = info is not None and _same_process(app["name"], info)
+        if local:
+            seen_by_smi.add(app["pid"])
+        if wanted is not None and app["gpu"] not in wanted:
+            continue
+        if not local:
+            foreign.append(dict(app, local=info["command"] if info else None))
+            continue
+        entry(info, "nvidia-smi")["gpus"][app["gpu"]] = app["used_mib"]
+    for pid, nodes in scan_fds(proc_root).items():
+        indexes = {minors.get(m, m) for m in nodes}
+        rec = procs.get(pid)
+        if rec is not None:
+            rec["sources"].append("proc-fd")
+            continue
+        if pid in seen_by_smi:
+            continue
+        indexes = indexes if wanted is None else indexes & wanted
+        info = proc_info(pid, proc_root) if indexes else None
+        if info is not None:
+            entry(info, "proc-fd")["gpus"].update({i: None for i in indexes})
+    out = []
+    for rec in sorted(procs.values(), key=lambda r: r["pid"]):
+        rec["source"] = "+".join(rec.pop("sources"))
+        rec["gpus"] = [{"index": i, "used_mib": m} for i, m in sorted(rec["gpus"].items(),
+                                                                     key=lambda kv: (kv[0] is None, kv[0] or 0))]
+        out.append(rec)
+    return {"gpus": gpu.select(gpus, devices), "error": smi_error or app_error, "procs": out,
+            "foreign": foreign, "note": _note(foreign, out)}
+
+
+def _note(foreign, procs):
+    if not foreign:
+        return None
+    pids = ", ".join(str(f["pid"]) for f in foreign[:8])
+    return ("nvidia-smi lists pid(s) %s that are not processes of this PID namespace (a container?): "
+            "they are left alone; %s" % (pids, "processes found through /proc/*/fd are used instead"
+                                         if any("proc-fd" in p["source"] for p in procs)
+                                         else "no process here holds a GPU device node"))
+
+
+def _start(pid):
+    info = proc_info(pid)
+    return info and info["start"]
+
+
+def _signal(pid, start, sig):
+    """'sent', 'gone' or 'denied'. A pid whose start time changed is a new process: 'gone'."""
+    if not pid_alive(pid) or (start is not None and _start(pid) != start):
+        return "gone"
+    try:
+        os.kill(pid, sig)
+        return "sent"
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        return "denied"
+
+
+def kill(targets, grace):
+    """SIGTERM each {pid, start}, wait up to grace s, SIGKILL the rest, wait for them to go."""
+    t0 = time.monotonic()
+    names = {str(t["pid"]): cmdline(t["pid"]) for t in targets}
+    sent, gone, denied = [], [], []
+    for t in targets:
+        res = _signal(t["pid"], t.get("start"), signal.SIGTERM)
+        {"sent": sent, "gone": gone, "denied": denied}[res].append(t)
+    alive = list(sent)
+    deadline = t0 + grace
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [t for t in alive if pid_alive(t["pid"])]
+    killed = [t["pid"] for t in alive if _signal(t["pid"], t.get("start"), signal.SIGKILL) == "sent"]
+    survivors = list(killed)
+    deadline = time.monotonic() + KILL_WAIT_S
+    while survivors and time.monotonic() < deadline:
+        time.sleep(0.05)
+        survivors = [p for p in survivors if pid_alive(p)]
+    return {"terminated": [t["pid"] for t in sent if t["pid"] not in killed], "killed": killed,
+            "survivors": survivors, "gone": [t["pid"] for t in gone],
+            "denied": [t["pid"] for t in denied], "names": names,
+            "seconds": round(time.monotonic() - t0, 3)}
+
+
+def op_gpu_procs(req):
+    return survey(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))
+
+
+def op_kill_procs(req):
+    return kill(req["targets"], float(req.get("grace", 10)))
+
+
+OPS = {"gpu_procs": op_gpu_procs, "kill_procs": op_kill_procs}

@@ -1,0 +1,55 @@
+"""Stopping a deployment on one host, as `fab stop` and a redeploy both do.
+
+The host agent TERMs the server's process group and every process carrying the
+release marker, waits `grace` seconds, KILLs what is left and sweeps stragglers
+(tasks/hostside/procs.py). Then this side waits until the deployment's GPUs hold no
+more than just before the launch (gpu-baseline.json in the release), within
+tasks.gpuwait's tolerance, or fails naming the processes still there. A deployment
+that is not running is reported as such and is not an error.
+"""
+import time
+
+from .errors import OperationFailed
+from .gpuwait import FREE_TIMEOUT_S, gpu_lines, tolerance, wait_freed
+
+DEFAULT_GRACE_S = 30.0
+
+
+def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=FREE_TIMEOUT_S):
+    """Stop and verify; returns the host's stop record plus `memory_s` (None when unchecked)."""
+    grace = DEFAULT_GRACE_S if grace is None else grace
+    t0 = time.monotonic()
+    res = host.call("stop", deploy_dir=ddir, grace=grace, timeout=grace + 60)
+    res["memory_s"] = None
+    if res["already_stopped"]:
+        return res
+    name = host.name
+    killed = res["killed"]
+    reporter.line(name, f"stopped release {(res['server'] or {}).get('release')}: "
+                        f"{len(res['terminated'])} process(es) ended on SIGTERM"
+                        + (f", {len(killed)} killed by SIGKILL" if killed else "")
+                        + f" in {res['seconds']:.1f} s")
+    for pid in killed:
+        reporter.line(name, f"  SIGKILL pid {pid}: {res['names'].get(str(pid), '')[:160]}")
+    if res.get("survivors"):
+        raise OperationFailed(
+            f"pids {res['survivors']} survive SIGKILL (stuck in the kernel, e.g. uninterruptible I/O)",
+            details=[f"pid {p}: {res['names'].get(str(p), '')}" for p in res["survivors"]])
+    base = res.get("baseline")
+    if not base or not base.get("gpus"):
+        why = (base or {}).get("error") or "no gpu-baseline.json in the release"
+        reporter.line(name, f"GPU memory not checked ({why})")
+        return res
+    devices = base.get("devices")
+    limits = {g["index"]: g["used_mib"] + tolerance(g["used_mib"]) for g in base["gpus"]
+              if g["used_mib"] is not None and (devices is None or g["index"] in devices)}
+    survey = wait_freed(host, nvidia_smi=base.get("nvidia_smi") or "nvidia-smi", limits=limits,
+                        gone_pids=set(res["terminated"]) | set(killed), timeout=memory_timeout,
+                        what="GPU memory of the stopped deployment")
+    res["memory_s"] = round(time.monotonic() - t0, 3)
+    res["gpus_after"] = survey["gpus"]
+    reporter.line(name, f"GPU memory back to its pre-launch baseline {res['memory_s']:.1f} s after "
+                        "the stop began")
+    for line in gpu_lines(res.get("gpus_before"), survey["gpus"], base["gpus"]):
+        reporter.line(name, "  " + line)
+    return res
