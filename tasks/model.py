@@ -107,6 +107,7 @@ class Profile:
     cluster: Optional[Cluster]
     resolved_toml: str                           # merged profile as TOML, secrets redacted; saved in each release
     digest: str                                  # sha256 of resolved_toml (first 12 hex digits shown)
+    sources: Tuple[Path, ...] = ()               # the files read: the given one first, then each it extends
 
     @property
     def served_name(self):
