@@ -1,0 +1,87 @@
+"""Shared pytest setup: the SSH lab fixtures, the stand-in engine env, and markers.
+
+Markers (declared in setup.cfg):
+  e2e  needs the SSH lab (root, ip, sshd, unshare, nsenter). Without them an e2e test
+       FAILS with the reason -- set LLMFAB_SKIP_E2E=1 to skip them on purpose instead.
+  ray  slow multi-node Ray tests: run with --run-ray (CI=true implies it); otherwise
+       skipped, by choice rather than for a missing install.
+
+Fixtures:
+  lab           session-wide HostLab(3): h1..h3, plus unknownkey, unreachable, silent
+  make_lab      factory: make_lab(n_hosts, pidns=(...), gpus=2) -> HostLab, closed after
+                the test
+  standin_env   session-wide stand-in engine venv built locally (no lab needed);
+                `standin_env / "bin/python3"` runs the vllm/sglang stand-ins
+"""
+import os
+
+import pytest
+
+from lab import HostLab, missing_prerequisites
+from standins import build_ml_env
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-ray", action="store_true", default=False,
+                     help="run tests marked `ray` (slow; CI=true implies it)")
+
+
+def _run_ray(config):
+    return config.getoption("--run-ray") or os.environ.get("CI", "").lower() == "true"
+
+
+def pytest_collection_modifyitems(config, items):
+    if _run_ray(config):
+        return
+    skip = pytest.mark.skip(reason="Ray test: run with --run-ray (CI=true implies it)")
+    for item in items:
+        if "ray" in item.keywords:
+            item.add_marker(skip)
+
+
+def require_lab():
+    """Fail (or, with LLMFAB_SKIP_E2E=1, skip) when the SSH lab cannot run here."""
+    problems = missing_prerequisites()
+    if not problems:
+        return
+    message = ("end-to-end test needs the SSH lab, but: %s. Run the suite as root on Linux "
+               "with iproute2, util-linux and openssh-server installed (.ci/run does it), "
+               "or set LLMFAB_SKIP_E2E=1 to skip end-to-end tests deliberately."
+               % "; ".join(problems))
+    if os.environ.get("LLMFAB_SKIP_E2E") == "1":
+        pytest.skip(message)
+    pytest.fail(message, pytrace=False)
+
+
+def pytest_runtest_setup(item):
+    if "e2e" in item.keywords or "ray" in item.keywords:
+        require_lab()
+
+
+@pytest.fixture(scope="session")
+def lab():
+    require_lab()
+    with HostLab(3) as the_lab:
+        yield the_lab
+
+
+@pytest.fixture
+def make_lab():
+    labs = []
+
+    def make(n_hosts=3, **kw):
+        require_lab()
+        new = HostLab(n_hosts, **kw)
+        labs.append(new)
+        return new
+
+    yield make
+    for made in labs:
+        made.close()
+
+
+@pytest.fixture(scope="session")
+def standin_env(tmp_path_factory):
+    env = tmp_path_factory.mktemp("standins") / "ml-env"
+    build_ml_env(env)
+    return env

@@ -1,0 +1,112 @@
+"""Stand-ins for what this machine lacks: vLLM, SGLang, an NVIDIA driver and nvidia-smi.
+
+`build_ml_env(dest)` makes a Python venv (like `/root/ml-env` on a GPU box) whose
+site-packages holds stand-in `vllm` 0.33.0 and `sglang` 0.5.23 packages with real
+dist-info metadata, so `importlib.metadata.version("vllm")` works without importing vllm,
+`python -m vllm.entrypoints.cli.main serve MODEL ...`, `bin/vllm serve ...` and
+`python -m sglang.launch_server ...` run, and behave like the real servers (argparse
+errors, start-up logs, failure modes, HTTP API, GPU memory held) -- see
+tests/standins/engine.py for the knobs (STANDIN_* environment variables).
+
+Sources: tests/standins/site/ (the packages), tests/standins/engine.py and
+tests/standins/nvidia_smi.py (installed as package `llmfab_standin`), and
+configs/demo_server.py (the HTTP/OpenAI/metrics side, shared with the demo profile).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+SYSTEM_PYTHON = "/usr/bin/python3"
+VLLM_VERSION = "0.33.0"
+SGLANG_VERSION = "0.5.23"
+NVIDIA_SMI = HERE / "nvidia_smi.py"
+
+__all__ = ["build_ml_env", "fake_model_dir", "NVIDIA_SMI", "VLLM_VERSION", "SGLANG_VERSION"]
+
+
+def _dist_info(site, name, version, top_level, entry_points=""):
+    info = site / ("%s-%s.dist-info" % (name, version))
+    info.mkdir()
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: %s\nVersion: %s\n"
+        "Summary: llmfab test stand-in for %s (no GPU code)\n" % (name, version, name))
+    (info / "INSTALLER").write_text("llmfab-tests\n")
+    (info / "top_level.txt").write_text(top_level + "\n")
+    if entry_points:
+        (info / "entry_points.txt").write_text(entry_points)
+    files = sorted(str(p.relative_to(site)) for p in (site / top_level).rglob("*") if p.is_file())
+    files += ["%s/%s" % (info.name, f) for f in ("METADATA", "INSTALLER", "top_level.txt")]
+    (info / "RECORD").write_text("".join("%s,,\n" % f for f in files) + "%s/RECORD,,\n" % info.name)
+
+
+def build_ml_env(dest, *, python=SYSTEM_PYTHON):
+    """Create the stand-in engine venv at `dest` (idempotent); returns its python path.
+
+    The venv uses the system interpreter (no pip, quick to make). Built in a temporary
+    directory and renamed into place, so a half-built env is never seen.
+    """
+    dest = Path(dest)
+    py = dest / "bin" / "python3"
+    if py.exists():
+        return py
+    tmp = dest.with_name(dest.name + ".building-%d" % os.getpid())
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run([python, "-m", "venv", "--without-pip", str(tmp)], check=True)
+    purelib = subprocess.run(
+        [str(tmp / "bin" / "python3"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    site = Path(purelib)
+    for pkg in ("vllm", "sglang"):
+        shutil.copytree(HERE / "site" / pkg, site / pkg,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    helper = site / "llmfab_standin"
+    helper.mkdir()
+    (helper / "__init__.py").write_text(
+        '"""Helpers of the llmfab test stand-ins (copied from the llmfab repo at build time)."""\n')
+    shutil.copy2(REPO / "configs" / "demo_server.py", helper / "demo_server.py")
+    shutil.copy2(HERE / "nvidia_smi.py", helper / "nvidia_smi.py")
+    shutil.copy2(HERE / "engine.py", helper / "engine.py")
+    _dist_info(site, "vllm", VLLM_VERSION, "vllm",
+               "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n")
+    _dist_info(site, "sglang", SGLANG_VERSION, "sglang")
+    script = tmp / "bin" / "vllm"
+    script.write_text(
+        "#!%s\n# -*- coding: utf-8 -*-\nimport re\nimport sys\n"
+        "from vllm.entrypoints.cli.main import main\n"
+        "if __name__ == '__main__':\n"
+        "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+        "    sys.exit(main())\n" % (dest / "bin" / "python3"))
+    script.chmod(0o755)
+    subprocess.run([str(tmp / "bin" / "python3"), "-m", "compileall", "-q",
+                    "-s", str(tmp), "-p", str(dest), str(site)], check=True)
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        if not py.exists():  # someone else won the race only if the env is there now
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return py
+
+
+def fake_model_dir(path, **config):
+    """A model directory with a config.json (what preflight checks and the stand-ins read).
+
+    `config` adds keys, e.g. layer_types=["sliding_attention", "full_attention"] for a
+    mixed DFlash drafter.
+    """
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    body = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+            "max_position_embeddings": 40960, "torch_dtype": "bfloat16"}
+    body.update(config)
+    (path / "config.json").write_text(json.dumps(body, indent=1))
+    return path
+
+
+if __name__ == "__main__":
+    print(build_ml_env(sys.argv[1]))

@@ -1,0 +1,274 @@
+"""Runtime shared by the vLLM and SGLang stand-ins (installed as `llmfab_standin.engine`).
+
+What a stand-in server needs besides its own command line: the test knobs, the record of
+what it received, fake GPU memory, an engine child process that outlives a SIGKILLed
+parent (like vLLM's EngineCore), signal behaviour, and vLLM-style log lines.
+
+Knobs (environment variables, set by tests through the profile's [server.env]):
+
+    STANDIN_LOAD_SECONDS   "loading" time before the port accepts connections (0.3)
+    STANDIN_FAIL           oom | engine_init | never_ready | engine_death | port_in_use
+    STANDIN_DEATH_AFTER    engine_death: seconds after ready (1)
+    STANDIN_GPU_MIB        MiB held on each GPU used (1024: 1/4 by the server, 3/4 by the
+                           engine child)
+    STANDIN_WORKER_SETSID  1: the engine child leaves the process group (os.setsid)
+    STANDIN_IGNORE_TERM    1: server and child ignore SIGTERM
+    STANDIN_READY_FILE     write time.time() there when the port opens
+    STANDIN_FATAL_FILE     write time.time() there when the fatal line is printed
+    STANDIN_ACCEPT_RATE    speculative acceptance rate (0.62)
+    STANDIN_TOKENS_PER_S   generation speed per request (200)
+    STANDIN_LOG_INTERVAL   seconds between throughput / SpecDecoding log lines (10)
+
+Running this module (`python -m llmfab_standin.engine`) is the engine child.
+"""
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from llmfab_standin import demo_server as http
+from llmfab_standin import nvidia_smi
+
+FAIL_MODES = ("oom", "engine_init", "never_ready", "engine_death", "port_in_use")
+SITE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Knobs:
+    def __init__(self, environ=None):
+        env = os.environ if environ is None else environ
+        self.load_seconds = float(env.get("STANDIN_LOAD_SECONDS", "0.3"))
+        self.fail = env.get("STANDIN_FAIL") or None
+        if self.fail is not None and self.fail not in FAIL_MODES:
+            raise SystemExit("STANDIN_FAIL=%r: expected one of %s" % (self.fail, ", ".join(FAIL_MODES)))
+        self.death_after = float(env.get("STANDIN_DEATH_AFTER", "1"))
+        self.gpu_mib = int(env.get("STANDIN_GPU_MIB", "1024"))
+        self.worker_setsid = env.get("STANDIN_WORKER_SETSID") == "1"
+        self.ignore_term = env.get("STANDIN_IGNORE_TERM") == "1"
+        self.ready_file = env.get("STANDIN_READY_FILE") or None
+        self.fatal_file = env.get("STANDIN_FATAL_FILE") or None
+        self.accept_rate = float(env.get("STANDIN_ACCEPT_RATE", "0.62"))
+        self.tokens_per_s = float(env.get("STANDIN_TOKENS_PER_S", "200"))
+        self.log_interval = float(env.get("STANDIN_LOG_INTERVAL", "10"))
+
+
+def stamp_file(path):
+    if path:
+        with open(path + ".tmp", "w") as f:
+            f.write(repr(time.time()))
+        os.replace(path + ".tmp", path)
+
+
+def write_received(args_dict):
+    """standin-received.json in the cwd (the release dir): what the engine was given.
+
+    json.dumps' default ensure_ascii keeps lone surrogates (non-UTF-8 bytes decoded with
+    surrogateescape) as \\udcXX escapes, so os.fsencode(loaded value) gives the exact bytes.
+    """
+    record = {"argv": list(sys.argv), "env": dict(os.environ), "args": args_dict,
+              "pid": os.getpid(), "pgid": os.getpgid(0)}
+    text = json.dumps(record, default=repr, ensure_ascii=True, indent=1)
+    with open("standin-received.json.tmp", "w", encoding="ascii") as f:
+        f.write(text)
+    os.replace("standin-received.json.tmp", "standin-received.json")
+
+
+def jsonable(namespace):
+    out = {}
+    for k, v in vars(namespace).items():
+        if callable(v):
+            continue
+        out[k] = v
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# GPUs
+
+
+class NoGpu(Exception):
+    pass
+
+
+def visible_gpus():
+    """Indices of the GPUs CUDA_VISIBLE_DEVICES selects (all when unset); None: no driver."""
+    gpus = nvidia_smi.load_gpus()
+    if gpus is None:
+        return None
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return [g["index"] for g in gpus]
+    out = []
+    for token in (t.strip() for t in cvd.split(",")):
+        if not token:
+            continue
+        match = [g["index"] for g in gpus if str(g["index"]) == token or g["uuid"] == token]
+        if not match:
+            break  # CUDA stops at the first invalid entry
+        out.append(match[0])
+    return out
+
+
+def gpu_free_mib(index):
+    for g, used, _ in nvidia_smi.usage() or ():
+        if g["index"] == index:
+            return g["memory_total_mib"] - used, g["memory_total_mib"]
+    return 0, 0
+
+
+def open_devices(gpus):
+    fds = []
+    for i in gpus:
+        path = "/dev/nvidia%d" % i
+        if os.path.exists(path):
+            fds.append(os.open(path, os.O_RDWR))
+    return fds
+
+
+class GpuHold:
+    """This process's share of GPU memory: device nodes open, registrations written."""
+
+    def __init__(self, gpus, mib, name=None):
+        self.fds = open_devices(gpus)
+        self.paths = [nvidia_smi.register(i, mib, name=name) for i in gpus] if mib > 0 else []
+
+    def release(self):
+        for p in self.paths:
+            nvidia_smi.unregister(p)
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.paths, self.fds = [], []
+
+
+def set_comm(title):
+    """Set the kernel's process name (what `ps -o comm` and /proc/PID/comm show)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, ctypes.c_char_p(title.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+# ---------------------------------------------------------------------------------------
+# The engine child (vLLM's EngineCore, SGLang's scheduler)
+
+
+class EngineChild:
+    """Spawn the child that holds most of the GPU memory, named `title` in argv[0].
+
+    SIGKILL of the server leaves it running (holding memory), like vLLM's EngineCore.
+    """
+
+    def __init__(self, title, gpus, mib, knobs):
+        rfd, wfd = os.pipe()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = SITE + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["STANDIN_CHILD_SPEC"] = json.dumps({
+            "title": title, "gpus": list(gpus), "mib": mib, "fd": wfd,
+            "setsid": knobs.worker_setsid, "ignore_term": knobs.ignore_term})
+        # argv[0] is the title (python finds itself through `executable`), so ps and
+        # /proc/PID/cmdline show e.g. "VLLM::EngineCore -m llmfab_standin.engine".
+        self.proc = subprocess.Popen([title, "-m", "llmfab_standin.engine"],
+                                     executable=sys.executable, env=env, pass_fds=(wfd,),
+                                     stdin=subprocess.DEVNULL)
+        os.close(wfd)
+        self.pid = self.proc.pid
+        deadline = time.monotonic() + 60
+        got = b""
+        try:
+            while b"\n" not in got:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([rfd], [], [], left)[0]:
+                    raise RuntimeError("engine child %d did not start" % self.pid)
+                chunk = os.read(rfd, 64)
+                if not chunk:
+                    raise RuntimeError("engine child %d died during start-up" % self.pid)
+                got += chunk
+        finally:
+            os.close(rfd)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self, grace=5.0):
+        if self.proc.poll() is not None:
+            return
+        try:
+            self.proc.terminate()
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+    def kill(self):
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def _child_main():
+    spec = json.loads(os.environ.pop("STANDIN_CHILD_SPEC"))
+    if spec["setsid"]:
+        os.setsid()
+    hold = None
+
+    def on_term(signum, frame):
+        if hold is not None:
+            hold.release()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if spec["ignore_term"] else on_term)
+    set_comm(spec["title"])
+    hold = GpuHold(spec["gpus"], spec["mib"], name=spec["title"])
+    os.write(spec["fd"], b"ok\n")
+    os.close(spec["fd"])
+    while True:
+        signal.pause()
+
+
+# ---------------------------------------------------------------------------------------
+# Signals and the main loop
+
+
+class Lifecycle:
+    """SIGTERM/SIGINT -> a clean stop request (unless STANDIN_IGNORE_TERM=1)."""
+
+    def __init__(self, knobs):
+        self.stop_requested = threading.Event()
+        handler = (lambda s, f: self.stop_requested.set())
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if knobs.ignore_term else handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def sleep(self, seconds):
+        """Sleep, or return True early if a stop was requested."""
+        return self.stop_requested.wait(seconds)
+
+
+def periodic(interval, fn, stop):
+    def loop():
+        while not stop.wait(interval):
+            fn()
+    t = threading.Thread(target=loop, daemon=True, name="stats")
+    t.start()
+    return t
+
+
+def new_engine(served_names, knobs, spec_k, *, prefix="vllm"):
+    spec = http.SpecDecodeSim(spec_k, knobs.accept_rate) if spec_k else None
+    metrics = http.Metrics(served_names[0], spec=spec, prefix=prefix)
+    return http.Engine(metrics, tokens_per_s=knobs.tokens_per_s, spec=spec)
+
+
+if __name__ == "__main__":
+    _child_main()

@@ -1,0 +1,391 @@
+"""vLLM's OpenAI API server (stand-in): start-up logs, failure modes, GPU use, HTTP.
+
+Also runnable as `python -m vllm.entrypoints.openai.api_server --model M [flags]`.
+Knobs: see llmfab_standin.engine. The order of the log lines follows vLLM 0.11+:
+non-default args, engine init, Model loading took, torch.compile takes, Available KV cache
+memory, init engine ... took, Starting vLLM API server, Application startup complete.
+"""
+import json
+import os
+import sys
+import time
+
+import vllm
+from llmfab_standin import demo_server as http
+from llmfab_standin.engine import (EngineChild, GpuHold, Knobs, Lifecycle, gpu_free_mib,
+                                   jsonable, new_engine, periodic, stamp_file, visible_gpus,
+                                   write_received)
+from vllm.logger import lines, log, set_process
+
+HERE = os.path.dirname(os.path.abspath(vllm.__file__))
+SPEC_METHODS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "eagle",
+                "eagle3", "mtp", "dflash")
+DEFAULTS_SKIP = ("subparser", "dispatch_function")
+
+
+class Fatal(SystemExit):
+    pass
+
+
+def _non_default(args, parser_defaults):
+    out = {}
+    for k, v in vars(args).items():
+        if k in DEFAULTS_SKIP or callable(v):
+            continue
+        if k not in parser_defaults or parser_defaults[k] != v:
+            out[k] = v
+    return out
+
+
+def _frames(*frames):
+    text = "Traceback (most recent call last):\n"
+    for path, lineno, func, code in frames:
+        text += '  File "%s", line %d, in %s\n    %s\n' % (path, lineno, func, code)
+    return text
+
+
+class Server:
+    def __init__(self, args, parser_defaults=None):
+        self.args = args
+        self.knobs = Knobs()
+        self.defaults = parser_defaults or {}
+        set_process("APIServer")
+        self.api = "(APIServer pid=%d) " % os.getpid()
+        self.core = None
+        self.child = None
+        self.hold = None
+        self.life = Lifecycle(self.knobs)
+
+    # -- failures -----------------------------------------------------------------------
+    def _exit(self, code):
+        if self.child is not None:
+            self.child.stop()
+        if self.hold is not None:
+            self.hold.release()
+        raise Fatal(code)
+
+    def api_traceback(self, last_frames, final):
+        entry = sys.argv[0]
+        text = _frames(
+            (entry, 8, "<module>", "sys.exit(main())"),
+            (os.path.join(HERE, "entrypoints/cli/main.py"), 54, "main", "run_server(args)"),
+            *last_frames) + final
+        lines(self.api, text)
+        stamp_file(self.knobs.fatal_file)
+        self._exit(1)
+
+    def engine_init_failed(self, cause):
+        """EngineCore prints the root cause, then the API server's RuntimeError."""
+        core = self.core or "(EngineCore_DP0 pid=%d) " % (os.getpid() + 1)
+        where = "[core.py:708] "
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        err = core + "ERROR " + stamp + " " + where
+        tb = _frames((os.path.join(HERE, "v1/engine/core.py"), 699, "run_engine_core",
+                      "engine_core = EngineCoreProc(*args, **kwargs)"),
+                     (os.path.join(HERE, "v1/engine/core.py"), 498, "__init__",
+                      "super().__init__(vllm_config, executor_class, log_stats,"),
+                     (os.path.join(HERE, "v1/engine/core.py"), 92, "__init__",
+                      "self._initialize_kv_caches(vllm_config)")) + cause
+        lines(err, "EngineCore failed to start.\n" + tb)
+        lines(core, "Process EngineCore_DP0:\n" + tb)
+        api_tb = _frames(
+            (sys.argv[0], 8, "<module>", "sys.exit(main())"),
+            (os.path.join(HERE, "entrypoints/openai/api_server.py"), 1953, "run_server",
+             "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)"),
+            (os.path.join(HERE, "v1/engine/utils.py"), 886, "wait_for_engine_startup",
+             'raise RuntimeError('))
+        lines(self.api, api_tb + "RuntimeError: Engine core initialization failed. See root "
+              "cause above. Failed core proc(s): {'EngineCore_DP0': 1}")
+        stamp_file(self.knobs.fatal_file)
+        self._exit(1)
+
+    # -- start-up -----------------------------------------------------------------------
+    def run(self):
+        a, k = self.args, self.knobs
+        log("vLLM API server version %s" % vllm.__version__, "api_server.py:1885")
+        log("non-default args: %s" % _non_default(a, self.defaults), "utils.py:233")
+        host = a.host or "0.0.0.0"
+        try:
+            if k.fail == "port_in_use":
+                raise OSError(98, "Address already in use")
+            sock = http.bind_socket(host, a.port)
+        except OSError as exc:
+            if exc.errno != 98:
+                raise
+            self.api_traceback(
+                [(os.path.join(HERE, "entrypoints/openai/api_server.py"), 1920,
+                  "create_server_socket", "sock.bind(addr)")],
+                "OSError: [Errno 98] Address already in use")
+
+        model = a.model
+        if model.startswith("/") and not os.path.isdir(model):
+            self.api_traceback(
+                [(os.path.join(HERE, "transformers_utils/config.py"), 412, "get_config",
+                  "raise ValueError(")],
+                "ValueError: Invalid repository ID or local directory specified: '%s'.\n"
+                "Please verify the following requirements:\n"
+                "1. Provide a valid Hugging Face repository ID.\n"
+                "2. Specify a local directory that contains a recognized configuration file.\n"
+                "   - For Hugging Face models: ensure the presence of a 'config.json'.\n" % model)
+        served = list(a.served_model_name or [model])
+        spec = a.speculative_config
+        log("Resolved architecture: Qwen3ForCausalLM", "model.py:547")
+        log("Using max model len %d" % (a.max_model_len or 40960), "model.py:1510")
+        spec_k = self._check_spec(spec)
+
+        gpus = visible_gpus()
+        if not gpus:
+            self.api_traceback(
+                [(os.path.join(HERE, "platforms/__init__.py"), 283, "resolve_current_platform",
+                  "raise RuntimeError(")],
+                "RuntimeError: Failed to infer device type, please set the environment variable "
+                "`VLLM_LOGGING_LEVEL=DEBUG` to turn on verbose logging to help debug the issue.")
+        world = a.tensor_parallel_size * a.pipeline_parallel_size
+        ray = a.distributed_executor_backend == "ray"
+        used = gpus[:world]
+        short = None
+        if len(gpus) < world and not ray:
+            short = ("ValueError: World size (%d) is larger than the number of available GPUs "
+                     "(%d) in this node. If this is intentional and you are using: - ray, set "
+                     "'--distributed-executor-backend ray'." % (world, len(gpus)))
+        low = None
+        for i in used:
+            free, total = gpu_free_mib(i)
+            want = a.gpu_memory_utilization * total
+            if free < want:
+                low = ("ValueError: Free memory on device cuda:%d (%.2f/%.2f GiB) on startup is "
+                       "less than desired GPU memory utilization (%s, %.2f GiB). Decrease GPU "
+                       "memory utilization or reduce GPU memory used by other processes."
+                       % (i, free / 1024, total / 1024, a.gpu_memory_utilization, want / 1024))
+                break
+        server_share = k.gpu_mib // 4
+        self.hold = GpuHold(used, server_share)
+        self.child = EngineChild("VLLM::EngineCore", used, k.gpu_mib - server_share, k)
+        self.core = "(EngineCore_DP0 pid=%d) " % self.child.pid
+        clog = (lambda msg, where, level="INFO": log(msg, where, level, prefix=self.core))
+        clog("Waiting for init message from front-end.", "core.py:644")
+        clog("Initializing a V1 LLM engine (v%s) with config: model=%r, speculative_config=%s, "
+             "tokenizer=%r, dtype=torch.bfloat16, max_seq_len=%d, tensor_parallel_size=%d, "
+             "pipeline_parallel_size=%d, quantization=%s, enforce_eager=%s, served_model_name=%s"
+             % (vllm.__version__, model, json.dumps(spec) if spec else None, a.tokenizer or model,
+                a.max_model_len or 40960, a.tensor_parallel_size, a.pipeline_parallel_size,
+                a.quantization, a.enforce_eager, served[0]), "core.py:77")
+        if short:
+            self.engine_init_failed(short)
+        if low:
+            self.engine_init_failed(low)
+        started = time.monotonic()
+        clog("Starting to load model %s..." % model, "gpu_model_runner.py:2602")
+        self._sleep(0.1)
+        if spec:
+            self._check_dflash(spec, clog)
+        self._sleep(0.4)
+        clog("Loading weights took %.2f seconds" % (0.4 * k.load_seconds), "default_loader.py:267")
+        self._sleep(0.1)
+        clog("Model loading took %.4f GiB memory and %.6f seconds"
+             % (k.gpu_mib * 0.75 / 1024, time.monotonic() - started), "gpu_model_runner.py:2653")
+        if k.fail == "oom":
+            self.engine_init_failed(
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 "
+                "has a total capacity of 79.19 GiB of which 1.02 GiB is free. Including "
+                "non-PyTorch memory, this process has 78.16 GiB memory in use. Of the allocated "
+                "memory 76.52 GiB is allocated by PyTorch, and 0.88 GiB is reserved by PyTorch "
+                "but unallocated. If reserved but unallocated memory is large try setting "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See "
+                "documentation for Memory Management  "
+                "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+        if k.fail == "never_ready":
+            self._compile_forever(clog)
+        self._sleep(0.2)
+        clog("torch.compile takes %.2f s in total" % (0.2 * k.load_seconds), "monitor.py:34")
+        if k.fail == "engine_init":
+            self.engine_init_failed(
+                "ValueError: To serve at least one request with the models's max seq len "
+                "(262144), (16.00 GiB KV cache is needed, which is larger than the available KV "
+                "cache memory (9.47 GiB). Based on the available memory, the estimated maximum "
+                "model length is 155072. Try increasing `gpu_memory_utilization` or decreasing "
+                "`max_model_len` when initializing the engine.")
+        clog("Available KV cache memory: 61.25 GiB", "gpu_worker.py:298")
+        clog("GPU KV cache size: 501,760 tokens", "kv_cache_utils.py:1087")
+        self._sleep(0.2)
+        clog("init engine (profile, create kv cache, warmup model) took %.2f seconds"
+             % (time.monotonic() - started), "core.py:210")
+        self._serve(sock, served, spec_k)
+
+    def _sleep(self, share):
+        if self.life.sleep(self.knobs.load_seconds * share):
+            self._shutdown_and_exit()
+
+    def _check_spec(self, spec):
+        if not spec:
+            return 0
+        method = spec.get("method") if isinstance(spec, dict) else None
+        known = method in SPEC_METHODS or (isinstance(method, str) and method.endswith("_mtp"))
+        n = spec.get("num_speculative_tokens", 1) if isinstance(spec, dict) else None
+        if not isinstance(spec, dict) or not known or not isinstance(n, int) or n < 1:
+            problem = ("Input should be a valid integer" if not isinstance(n, int)
+                       else "Unsupported speculative method %r" % (method,))
+            self.api_traceback(
+                [(os.path.join(HERE, "engine/arg_utils.py"), 1412, "create_speculative_config",
+                  "return SpeculativeConfig(**self.speculative_config)")],
+                "pydantic_core._pydantic_core.ValidationError: 1 validation error for "
+                "SpeculativeConfig\n  Value error, %s [type=value_error, input_value=%r, "
+                "input_type=dict]" % (problem, spec))
+        return n
+
+    def _check_dflash(self, spec, clog):
+        if spec.get("method") != "dflash" or os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
+            return
+        try:
+            with open(os.path.join(spec.get("model") or "", "config.json")) as f:
+                layer_types = set(json.load(f).get("layer_types") or ())
+        except (OSError, ValueError):
+            return
+        if {"sliding_attention", "full_attention"} <= layer_types:
+            self.engine_init_failed(
+                "NotImplementedError: DFlash drafters with mixed sliding/full attention "
+                "require the V2 model runner")
+
+    def _compile_forever(self, clog):
+        step = 0
+        while True:
+            if self.life.sleep(0.5):
+                self._shutdown_and_exit()
+            step += 1
+            clog("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): %d%% (%d/67), "
+                 "compiling graph for dynamic shape took %.2f s" % (step % 100, step % 67, step * 0.5),
+                 "gpu_model_runner.py:3480")
+
+    # -- serving ------------------------------------------------------------------------
+    def _serve(self, sock, served, spec_k):
+        a, k = self.args, self.knobs
+        engine = new_engine(served, k, spec_k)
+        api_key = (a.api_key or [None])[0]
+        state = http.ServerState(engine, served, api_key=api_key, version=vllm.__version__,
+                                 log_prefix=self.api,
+                                 access_log=not a.disable_uvicorn_access_log)
+        log("Starting vLLM API server 0 on http://%s:%d" % (a.host or "0.0.0.0", a.port),
+            "api_server.py:1912")
+        server = http.start_http(state, sock)
+        stamp_file(k.ready_file)
+        lines(self.api, "INFO:     Started server process [%d]\nINFO:     Waiting for application "
+              "startup.\nINFO:     Application startup complete." % os.getpid())
+        stats_stop = self.life.stop_requested
+        if not a.disable_log_stats:
+            periodic(k.log_interval, self._stats_logger(engine), stats_stop)
+        death_at = time.monotonic() + k.death_after if k.fail == "engine_death" else None
+        while not self.life.sleep(0.1):
+            if not self.child.alive():
+                self._engine_dead(state, server, "Engine core proc EngineCore_DP0 died "
+                                  "unexpectedly, shutting down client.")
+            if death_at is not None and time.monotonic() >= death_at:
+                self._engine_dead(state, server, None)
+        self._shutdown_and_exit(server)
+
+    def _stats_logger(self, engine):
+        m, spec = engine.metrics, engine.spec
+        last = {"t": time.monotonic(), "gen": 0, "prompt": 0,
+                "spec": spec.snapshot() if spec else None}
+
+        def tick():
+            now = time.monotonic()
+            dt = max(1e-6, now - last["t"])
+            gen, prompt = m.generation_tokens, m.prompt_tokens
+            if gen == last["gen"] and prompt == last["prompt"] and not m.running:
+                last["t"] = now
+                return
+            log("Engine 000: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: "
+                "%.1f tokens/s, Running: %d reqs, Waiting: 0 reqs, GPU KV cache usage: %.1f%%, "
+                "Prefix cache hit rate: 0.0%%" % ((prompt - last["prompt"]) / dt,
+                                                  (gen - last["gen"]) / dt, m.running,
+                                                  min(100.0, 1.3 * m.running)), "loggers.py:127")
+            if spec:
+                now_s, was = spec.snapshot(), last["spec"]
+                drafts = now_s["drafts"] - was["drafts"]
+                drafted = now_s["draft_tokens"] - was["draft_tokens"]
+                accepted = now_s["accepted"] - was["accepted"]
+                if drafts:
+                    per_pos = ", ".join("%.3f" % ((a - b) / drafts) for a, b in
+                                        zip(now_s["per_pos"], was["per_pos"]))
+                    log("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted "
+                        "throughput: %.2f tokens/s, Drafted throughput: %.2f tokens/s, "
+                        "Accepted: %d tokens, Drafted: %d tokens, Per-position acceptance rate: "
+                        "%s, Avg Draft acceptance rate: %.1f%%"
+                        % (1 + accepted / drafts, accepted / dt, drafted / dt, accepted, drafted,
+                           per_pos, 100.0 * accepted / drafted), "metrics.py:96")
+                last["spec"] = now_s
+            last.update(t=now, gen=gen, prompt=prompt)
+        return tick
+
+    def _engine_dead(self, state, server, cause):
+        core = self.core
+        if cause is None:
+            err = core + "ERROR " + time.strftime("%m-%d %H:%M:%S") + " [core.py:868] "
+            lines(err, "EngineCore encountered a fatal error.\n" + _frames(
+                (os.path.join(HERE, "v1/engine/core.py"), 859, "run_engine_core",
+                 "engine_core.run_busy_loop()"),
+                (os.path.join(HERE, "v1/worker/gpu_model_runner.py"), 2401, "execute_model",
+                 "raise RuntimeError(")) + "RuntimeError: CUDA error: an illegal memory access "
+                "was encountered")
+            stamp_file(self.knobs.fatal_file)
+            self.child.kill()
+        state.healthy = False
+        err = self.api + "ERROR " + time.strftime("%m-%d %H:%M:%S") + " [async_llm.py:480] "
+        if cause:
+            log(cause, "core_client.py:564", level="ERROR")
+        lines(err, "AsyncLLM output_handler failed.\n" + _frames(
+            (os.path.join(HERE, "v1/engine/async_llm.py"), 439, "output_handler",
+             "outputs = await engine_core.get_output_async()"),
+            (os.path.join(HERE, "v1/engine/core_client.py"), 846, "get_output_async",
+             "raise self._format_exception(outputs) from None")) +
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See "
+            "stack trace (above) for the root cause.")
+        # /health answers 503 for a moment before the server goes down, as vLLM's does.
+        self.life.sleep(0.5)
+        self._shutdown_and_exit(server, code=0)
+
+    def _shutdown_and_exit(self, server=None, code=0):
+        if server is not None:
+            log("Shutting down FastAPI HTTP server.", "launcher.py:110")
+            lines(self.api, "INFO:     Shutting down")
+            server.shutdown()
+            server.server_close()
+            lines(self.api, "INFO:     Waiting for application shutdown.\n"
+                  "INFO:     Application shutdown complete.\n"
+                  "INFO:     Finished server process [%d]" % os.getpid())
+        if self.child is not None:
+            self.child.stop()
+        if self.hold is not None:
+            self.hold.release()
+        raise SystemExit(code)
+
+
+def _defaults(parser):
+    out = {}
+    for action in parser._actions:
+        if action.dest != "help":
+            out[action.dest] = action.default
+    return out
+
+
+def run_server(args, parser=None):
+    if parser is None:
+        from vllm.entrypoints.cli.main import build_parser
+        top = build_parser()
+        parser = top._subparsers._group_actions[0].choices["serve"]
+    write_received(jsonable(args))
+    Server(args, _defaults(parser)).run()
+
+
+def main():
+    from vllm.engine.arg_utils import add_cli_args, add_frontend_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    parser = FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server.")
+    add_frontend_args(parser)
+    add_cli_args(parser)
+    args = parser.parse_args()
+    run_server(args, parser)
+
+
+if __name__ == "__main__":
+    main()

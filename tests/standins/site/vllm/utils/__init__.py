@@ -1,0 +1,1 @@
+from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: F401
