@@ -4,14 +4,17 @@ llmfab sends exactly one remote command per task and host: the profile's Python
 with a short bootstrap (`tasks.transport.BOOTSTRAP`) that reads this package's
 sources from stdin and calls `serve()`. Requests then flow as JSON lines over the
 same channel, so a poll tick costs no new remote command and no shell start-up.
-The agent exits when its stdin closes (the SSH session ended), which also
-releases any lock it holds. Standard library only; Python >= 3.9.
+The agent exits when its stdin closes (the SSH session ended), at once even
+mid-operation (a watchdog thread), which also releases any lock it holds.
+Standard library only; Python >= 3.9.
 """
 import json
 import os
 import platform
+import select
 import socket
 import sys
+import threading
 import traceback
 
 from . import bench, gpu, gpuprocs, history, logs, preflight, probe, procs, releases
@@ -52,9 +55,35 @@ def handle(req):
     return op(req)
 
 
+def _watchdog(fds):
+    """Exit the moment the client is gone, even in the middle of a long operation.
+
+    sshd closes our pipes when the connection dies (client killed, network gone).
+    Between requests the loop below sees EOF at once, but an operation such as a
+    30 s stop grace would otherwise keep running, and keep holding the deploy lock,
+    for nobody. poll() with no events still reports POLLHUP/POLLERR.
+    """
+    p = select.poll()
+    for fd in fds:
+        p.register(fd, 0)
+    while True:
+        for _fd, ev in p.poll():
+            if ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                os._exit(0)  # the flock goes with us; servers live on in their own sessions
+
+
+def _start_watchdog(stdin, stdout):
+    try:
+        fds = [stdin.fileno(), stdout.fileno()]
+    except (AttributeError, OSError, ValueError):  # in-memory streams (tests): nothing to watch
+        return
+    threading.Thread(target=_watchdog, args=(fds,), name="watchdog", daemon=True).start()
+
+
 def serve(stdin, stdout):
-    """Answer JSON-line requests until stdin closes."""
+    """Answer JSON-line requests until stdin closes (or the client is gone: _watchdog)."""
     CONTEXT.clear()
+    _start_watchdog(stdin, stdout)
     for line in stdin:
         try:
             req = json.loads(line)
