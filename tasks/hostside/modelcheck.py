@@ -76,7 +76,7 @@ def load(directory, key, out):
     arch = data.get("architectures")
     arch = ", ".join(map(str, arch)) if isinstance(arch, list) and arch else "no architectures"
     layers, _ = cfg.size("num_hidden_layers")
-    out.append(_rec("config", "OK", "%s: %s, %s layers" % (path, arch, layers)))
+    out.append(_rec("config", "OK", "%s: %s%s" % (path, arch, ", %s layers" % layers if _int(layers) else "")))
     return cfg
 
 
