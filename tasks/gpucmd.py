@@ -50,7 +50,7 @@ def process_rows(procs):
     """One row per (process, GPU): pid, user, GPU, MiB, source, command."""
     rows = []
     for p in procs:
-        note = f" [{p['protected']}: left alone]" if p["protected"] else ""
+        note = f" [left alone: {p['spared']}]" if p["spared"] else ""
         for g in p["gpus"]:
             mib = "?" if g["used_mib"] is None else g["used_mib"]
             rows.append([p["pid"], p["user"], g["index"], mib, p["source"], p["command"][:100] + note])
@@ -98,7 +98,7 @@ def _free(host, reporter, s, record, devices, grace, nvidia_smi):
                                   f"(it has {[g['index'] for g in s['gpus']] or 'none'})")
     if s["note"]:
         reporter.line(name, s["note"])
-    targets = [p for p in s["procs"] if not p["protected"]]
+    targets = [p for p in s["procs"] if not p["spared"]]
     if s["procs"]:
         reporter.lines(name, table(["pid", "user", "GPU", "MiB", "source", "command"],
                                    process_rows(s["procs"])))

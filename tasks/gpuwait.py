@@ -44,7 +44,7 @@ def describe(proc):
     """One line naming a process found on a GPU, with its source."""
     where = ", ".join(f"GPU {g['index']}" + (f" {g['used_mib']} MiB" if g["used_mib"] is not None else "")
                       for g in proc["gpus"])
-    extra = f", {proc['protected']}, left alone" if proc.get("protected") else ""
+    extra = f", {proc['spared']}, left alone" if proc.get("spared") else ""
     return (f"pid {proc['pid']} ({proc['user']}, {where}, via {proc['source']}{extra}): "
             f"{proc['command'][:160]}")
 

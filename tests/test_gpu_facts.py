@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.hostside import gpu, gpuprocs
+from tasks.hostside import gpu, gpuprocs, procs
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "nvidia-smi"
 
@@ -150,8 +150,8 @@ def test_survey_in_a_container_uses_proc(tmp_path):
     assert [(p["pid"], p["source"], p["gpus"], p["user"]) for p in s["procs"]] == [
         (77, "proc-fd", [{"index": 0, "used_mib": None}], "root"),
         (4242, "proc-fd", [{"index": 0, "used_mib": None}], "root")]
-    assert s["procs"][0]["protected"] == "system service nvidia-persistenced"
-    assert s["procs"][1]["protected"] is None
+    assert s["procs"][0]["spared"] == "system service nvidia-persistenced"
+    assert s["procs"][1]["spared"] is None
     assert "1283556" in s["note"] and "/proc/*/fd" in s["note"]
     assert s["gpus"][0]["used_mib"] == 41891
 
@@ -174,6 +174,19 @@ def test_survey_bare_metal_trusts_nvidia_smi_gpus(tmp_path):
     assert [(p["pid"], p["source"], p["gpus"], p["command"]) for p in s["procs"]] == [
         (5000, "proc-fd", [{"index": 5, "used_mib": None}], "python3 notebook.py"),
         (3398004, "nvidia-smi+proc-fd", [{"index": 6, "used_mib": 39830}], "/home/ana/venv/bin/python3 train.py")]
+    # nvidia-smi accounts for GPU 5 (1 MiB, nobody listed): a bare node holder is not a target
+    assert s["procs"][0]["spared"] == "holds the device node but nvidia-smi shows no memory of it"
+    assert s["procs"][1]["spared"] is None
+
+
+def test_survey_docker_empty_list_uses_proc(tmp_path):
+    """docker: memory in use, nobody listed. /proc's holders are the targets."""
+    root = tmp_path / "proc"
+    proc(root, 31, ["python3", "serve.py"], fds=["/dev/nvidia0"])
+    s = gpuprocs.survey(fake_smi(tmp_path, "gpus_container.txt", "apps_none.txt"), None,
+                        proc_root=str(root), me=999999)
+    assert [(p["pid"], p["source"], p["spared"]) for p in s["procs"]] == [(31, "proc-fd", None)]
+    assert s["foreign"] == [] and s["note"] is None
 
 
 def test_survey_treats_a_reused_pid_as_foreign(tmp_path):
@@ -226,7 +239,7 @@ def target(p):
 def test_kill_terms_then_kills(tmp_path):
     polite, stubborn = spawn("obey"), spawn("ignore")
     try:
-        res = gpuprocs.kill([target(polite), target(stubborn)], grace=0.5)
+        res = procs.kill([target(polite), target(stubborn)], grace=0.5)
         assert res["terminated"] == [polite.pid] and res["killed"] == [stubborn.pid]
         assert res["survivors"] == [] and res["denied"] == []
         assert polite.wait(5) == -signal.SIGTERM and stubborn.wait(5) == -signal.SIGKILL
@@ -240,7 +253,7 @@ def test_kill_terms_then_kills(tmp_path):
 def test_kill_leaves_a_recycled_pid_alone():
     p = spawn("obey")
     try:
-        res = gpuprocs.kill([{"pid": p.pid, "start": target(p)["start"] - 1}], grace=0.1)
+        res = procs.kill([{"pid": p.pid, "start": target(p)["start"] - 1}], grace=0.1)
         assert res["gone"] == [p.pid] and res["terminated"] == [] and p.poll() is None
     finally:
         p.kill()

@@ -1,4 +1,4 @@
-"""Who uses the GPUs, from two sources, and how to free them (host side).
+"""Who uses the GPUs, from two sources (host side). procs.kill frees them.
 
 - nvidia-smi: pid, name and MiB per GPU. In a container (LXC, docker) it reports the
   outer PID namespace's numbers: they do not exist here, or are other processes.
@@ -8,23 +8,20 @@
   so they are ignored. This source has no MiB.
 
 A process nvidia-smi lists under a local PID keeps nvidia-smi's GPUs (a CUDA process
-may open the nodes of GPUs it does not use); one only /proc sees gets its nodes' GPUs.
+may open the nodes of GPUs it does not use); one only /proc sees gets its nodes' GPUs,
+and is a target only where nvidia-smi's list cannot be trusted (see `_trusted`).
 Never touched: nvidia-persistenced, DCGM (nv-hostengine, dcgm-exporter), the fabric
 manager, nvidia-smi, display servers, this agent and its ancestors.
 """
 import os
 import re
-import signal
-import time
 
 from . import gpu
-from .common import cmdline, pid_alive
 
 PROC = "/proc"
 GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nv-fabricmanager",
              "nvidia-fabricmanager", "nvidia-smi", "Xorg", "Xwayland")
-KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap big CUDA processes
 
 
 def _read(path, mode="r"):
@@ -140,47 +137,68 @@ def _same_process(smi_name, info):
                            or info["comm"] in smi_name)
 
 
+UNACCOUNTED_MIB = 1024  # a GPU using this much with no process listed: nvidia-smi cannot see them
+
+
+def _trusted(gpus, apps_local, foreign, smi_error):
+    """GPU indexes whose nvidia-smi process list accounts for its users.
+
+    Not trusted: nvidia-smi failed; it lists PIDs that are not ours (a container); or it
+    lists no process of ours for a GPU that has memory in use (docker shows an empty list).
+    There /proc decides who gets signalled; elsewhere a process that only holds a device
+    node (no memory per nvidia-smi: another namespace-less tenant, a desktop) is left alone.
+    """
+    if gpus is None or smi_error:
+        return set()
+    bad = {f["gpu"] for f in foreign}
+    listed = {a["gpu"] for a in apps_local}
+    bad |= {g["index"] for g in gpus if g["index"] not in listed and (g["used_mib"] or 0) >= UNACCOUNTED_MIB}
+    return {g["index"] for g in gpus} - bad
+
+
 def survey(nvidia_smi="nvidia-smi", devices=None, proc_root=PROC, me=None):
-    """Every process using the selected GPUs, merged from both sources; see the module doc."""
+    """Every process using the selected GPUs, merged from both sources; see the module doc.
+
+    Each process: {pid, start, user, command, comm, source, gpus: [{index, used_mib}],
+    spared: why it must not be signalled, or None}.
+    """
     gpus, smi_error = gpu.query_gpus(nvidia_smi)
     apps, app_error = gpu.query_apps(nvidia_smi, gpus or []) if gpus is not None else ([], None)
     minors = minor_to_index(gpus, proc_root)
     wanted = None if devices is None else set(devices)
-    procs, foreign = {}, []
+    procs, foreign, local_apps = {}, [], []
 
     def entry(info, source):
-        rec = procs.get(info["pid"])
-        if rec is None:
-            rec = procs[info["pid"]] = dict(info, sources=[], gpus={},
-                                            protected=protected_reason(info, me, proc_root))
+        rec = procs.setdefault(info["pid"], dict(info, sources=[], gpus={},
+                                                 spared=protected_reason(info, me, proc_root)))
         if source not in rec["sources"]:
             rec["sources"].append(source)
         return rec
 
-    seen_by_smi = set()  # local pids nvidia-smi lists on any GPU: its GPUs are the truth for them
     for app in apps:
         info = proc_info(app["pid"], proc_root)
-        local = info is not None and _same_process(app["name"], info)
-        if local:
-            seen_by_smi.add(app["pid"])
-        if wanted is not None and app["gpu"] not in wanted:
-            continue
-        if not local:
+        if info is not None and _same_process(app["name"], info):
+            local_apps.append(dict(app, info=info))
+        elif wanted is None or app["gpu"] in wanted:
             foreign.append(dict(app, local=info["command"] if info else None))
-            continue
-        entry(info, "nvidia-smi")["gpus"][app["gpu"]] = app["used_mib"]
+    for app in local_apps:
+        if wanted is None or app["gpu"] in wanted:
+            entry(app["info"], "nvidia-smi")["gpus"][app["gpu"]] = app["used_mib"]
+    trusted = _trusted(gpus, local_apps, foreign, smi_error or app_error)
+    smi_pids = {a["pid"] for a in local_apps}  # nvidia-smi's GPUs are the truth for these
     for pid, nodes in scan_fds(proc_root).items():
+        if pid in procs:
+            entry(procs[pid], "proc-fd")
+            continue
         indexes = {minors.get(m, m) for m in nodes}
-        rec = procs.get(pid)
-        if rec is not None:
-            rec["sources"].append("proc-fd")
-            continue
-        if pid in seen_by_smi:
-            continue
         indexes = indexes if wanted is None else indexes & wanted
-        info = proc_info(pid, proc_root) if indexes else None
-        if info is not None:
-            entry(info, "proc-fd")["gpus"].update({i: None for i in indexes})
+        info = proc_info(pid, proc_root) if indexes and pid not in smi_pids else None
+        if info is None:
+            continue
+        rec = entry(info, "proc-fd")
+        rec["gpus"].update({i: None for i in indexes})
+        if rec["spared"] is None and indexes <= trusted:
+            rec["spared"] = "holds the device node but nvidia-smi shows no memory of it"
     out = []
     for rec in sorted(procs.values(), key=lambda r: r["pid"]):
         rec["source"] = "+".join(rec.pop("sources"))
@@ -194,62 +212,11 @@ def survey(nvidia_smi="nvidia-smi", devices=None, proc_root=PROC, me=None):
 def _note(foreign, procs):
     if not foreign:
         return None
-    pids = ", ".join(str(f["pid"]) for f in foreign[:8])
+    pids = ", ".join(str(p) for p in sorted({f["pid"] for f in foreign})[:8])
     return ("nvidia-smi lists pid(s) %s that are not processes of this PID namespace (a container?): "
             "they are left alone; %s" % (pids, "processes found through /proc/*/fd are used instead"
                                          if any("proc-fd" in p["source"] for p in procs)
                                          else "no process here holds a GPU device node"))
 
 
-def _start(pid):
-    info = proc_info(pid)
-    return info and info["start"]
-
-
-def _signal(pid, start, sig):
-    """'sent', 'gone' or 'denied'. A pid whose start time changed is a new process: 'gone'."""
-    if not pid_alive(pid) or (start is not None and _start(pid) != start):
-        return "gone"
-    try:
-        os.kill(pid, sig)
-        return "sent"
-    except ProcessLookupError:
-        return "gone"
-    except PermissionError:
-        return "denied"
-
-
-def kill(targets, grace):
-    """SIGTERM each {pid, start}, wait up to grace s, SIGKILL the rest, wait for them to go."""
-    t0 = time.monotonic()
-    names = {str(t["pid"]): cmdline(t["pid"]) for t in targets}
-    sent, gone, denied = [], [], []
-    for t in targets:
-        res = _signal(t["pid"], t.get("start"), signal.SIGTERM)
-        {"sent": sent, "gone": gone, "denied": denied}[res].append(t)
-    alive = list(sent)
-    deadline = t0 + grace
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [t for t in alive if pid_alive(t["pid"])]
-    killed = [t["pid"] for t in alive if _signal(t["pid"], t.get("start"), signal.SIGKILL) == "sent"]
-    survivors = list(killed)
-    deadline = time.monotonic() + KILL_WAIT_S
-    while survivors and time.monotonic() < deadline:
-        time.sleep(0.05)
-        survivors = [p for p in survivors if pid_alive(p)]
-    return {"terminated": [t["pid"] for t in sent if t["pid"] not in killed], "killed": killed,
-            "survivors": survivors, "gone": [t["pid"] for t in gone],
-            "denied": [t["pid"] for t in denied], "names": names,
-            "seconds": round(time.monotonic() - t0, 3)}
-
-
-def op_gpu_procs(req):
-    return survey(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))
-
-
-def op_kill_procs(req):
-    return kill(req["targets"], float(req.get("grace", 10)))
-
-
-OPS = {"gpu_procs": op_gpu_procs, "kill_procs": op_kill_procs}
+OPS = {"gpu_procs": lambda req: survey(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))}

@@ -9,10 +9,12 @@ import os
 import signal
 import time
 
-from . import gpu
+from . import gpu, gpuprocs
 from .common import cmdline, expand, group_members, pid_alive, read_json
 
 MARKER = b"LLMFAB_RELEASE="
+KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA process
+REAPER_WAIT_S = 2.0
 
 
 def marked(ddir):
@@ -81,19 +83,27 @@ def stop(ddir, grace):
     _wait_gone(sorted(targets), t0 + grace)
     # The sweep: what survived TERM, and anything of ours spawned meanwhile (a worker
     # that called setsid after the first scan, say) goes by KILL.
-    now, pgid = ours(ddir, server.get("pgid") if pgid else None)
+    now = ours(ddir, server.get("pgid") if pgid else None)[0]
     left = sorted(p for p in now | targets if pid_alive(p))
     for p in left:
         names.setdefault(p, cmdline(p))
-    survivors = []
+    killed, survivors = [], []
     if left:
-        _signal(left, pgid, signal.SIGKILL)
-        survivors = _wait_gone(left, time.monotonic() + 5)
+        # The launcher's reaper leads the group and writes exit.json once its server is
+        # gone: kill the others first and give it a moment to record how the server ended.
+        reaper = server.get("pgid") if server.get("pgid") in left else None
+        killed = [p for p in left if p != reaper]
+        _signal(killed, None, signal.SIGKILL)
+        survivors = _wait_gone(killed, time.monotonic() + KILL_WAIT_S)
+        if reaper and _wait_gone([reaper], time.monotonic() + REAPER_WAIT_S):
+            _signal([reaper], None, signal.SIGKILL)
+            killed.append(reaper)
+            survivors += _wait_gone([reaper], time.monotonic() + KILL_WAIT_S)
     return {
         "already_stopped": False,
         "server": server,
-        "terminated": sorted(p for p in targets if p not in left),
-        "killed": left,
+        "terminated": sorted(p for p in targets if p not in killed),
+        "killed": killed,
         "survivors": survivors,
         "names": {str(k): v for k, v in names.items()},
         "seconds": round(time.monotonic() - t0, 3),
@@ -122,4 +132,35 @@ def op_stop(req):
     return out
 
 
-OPS = {"stop": op_stop}
+def _signal_one(pid, start, sig):
+    """'sent', 'gone' or 'denied'. A pid whose start time changed is a new process: 'gone'."""
+    info = gpuprocs.proc_info(pid)
+    if info is None or not pid_alive(pid) or (start is not None and info["start"] != start):
+        return "gone"
+    try:
+        os.kill(pid, sig)
+        return "sent"
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        return "denied"
+
+
+def kill(targets, grace):
+    """SIGTERM each {pid, start}, wait up to grace s, SIGKILL the rest, wait for them to go."""
+    t0 = time.monotonic()
+    names = {str(t["pid"]): cmdline(t["pid"]) for t in targets}
+    sent, gone, denied = [], [], []
+    for t in targets:
+        res = _signal_one(t["pid"], t.get("start"), signal.SIGTERM)
+        {"sent": sent, "gone": gone, "denied": denied}[res].append(t)
+    alive = [t for t in sent if t["pid"] in _wait_gone([x["pid"] for x in sent], t0 + grace)]
+    killed = [t["pid"] for t in alive if _signal_one(t["pid"], t.get("start"), signal.SIGKILL) == "sent"]
+    survivors = _wait_gone(killed, time.monotonic() + KILL_WAIT_S)
+    return {"terminated": [t["pid"] for t in sent if t["pid"] not in killed], "killed": killed,
+            "survivors": survivors, "gone": [t["pid"] for t in gone],
+            "denied": [t["pid"] for t in denied], "names": names,
+            "seconds": round(time.monotonic() - t0, 3)}
+
+
+OPS = {"stop": op_stop, "kill_procs": lambda req: kill(req["targets"], float(req.get("grace", 10)))}
