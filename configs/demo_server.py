@@ -135,7 +135,8 @@ def _num(value):
 def _labels(pairs):
     def esc(v):
         return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-    return "{" + ",".join('%s="%s"' % (k, esc(v)) for k, v in pairs) + "}"
+    # prometheus_client writes labels sorted by name
+    return "{" + ",".join('%s="%s"' % (k, esc(v)) for k, v in sorted(pairs)) + "}"
 
 
 class Metrics:
@@ -180,15 +181,25 @@ class Metrics:
         base = (("model_name", self.model_name), ("engine", "0"))
         out = []
 
-        def family(name, kind, doc, samples):
+        def family(name, kind, doc, samples, created=None):
+            """One metric family; `created` labels -> its `_created` gauge family after it,
+            where prometheus_client puts the OpenMetrics-only samples."""
             out.append("# HELP %s %s" % (name, doc))
             out.append("# TYPE %s %s" % (name, kind))
             for sample_name, labels, value in samples:
                 out.append("%s%s %s" % (sample_name, _labels(labels), _num(value)))
+            if created:
+                stem = name[:-len("_total")] if kind == "counter" else name
+                out.append("# HELP %s_created %s" % (stem, doc))
+                out.append("# TYPE %s_created gauge" % stem)
+                for labels in created:
+                    out.append("%s_created%s %s" % (stem, _labels(labels), _num(self.created)))
 
-        def counter(name, doc, value, labels=base):
+        def counter(name, doc, values):
+            """values: [(labels, value)]"""
             family(name + "_total", "counter", doc,
-                   [(name + "_total", labels, value), (name + "_created", labels, self.created)])
+                   [(name + "_total", labels, v) for labels, v in values],
+                   created=[labels for labels, _ in values])
 
         with self._lock:
             family(p + ":num_requests_running", "gauge",
@@ -201,34 +212,30 @@ class Metrics:
                    "KV-cache usage. 1 means 100 percent usage.",
                    [(p + ":kv_cache_usage_perc", base, min(1.0, 0.013 * self.running))])
             counter(p + ":prompt_tokens", "Number of prefill tokens processed.",
-                    self.prompt_tokens)
+                    [(base, self.prompt_tokens)])
             counter(p + ":generation_tokens", "Number of generation tokens processed.",
-                    self.generation_tokens)
+                    [(base, self.generation_tokens)])
             counter(p + ":request_success", "Count of successfully processed requests.",
-                    self.request_success, base + (("finished_reason", "length"),))
+                    [(base + (("finished_reason", "length"),), self.request_success)])
             name = p + ":time_to_first_token_seconds"
             samples = [(name + "_bucket", base + (("le", _num(b)),), n)
                        for b, n in zip(TTFT_BUCKETS, self.ttft_buckets)]
             samples.append((name + "_bucket", base + (("le", "+Inf"),), self.ttft_count))
             samples.append((name + "_count", base, self.ttft_count))
             samples.append((name + "_sum", base, self.ttft_sum))
-            samples.append((name + "_created", base, self.created))
-            family(name, "histogram", "Histogram of time to first token in seconds.", samples)
+            family(name, "histogram", "Histogram of time to first token in seconds.", samples,
+                   created=[base])
         if self.spec is not None:
             s = self.spec.snapshot()
             counter(p + ":spec_decode_num_drafts", "Number of spec decoding drafts.",
-                    s["drafts"])
+                    [(base, s["drafts"])])
             counter(p + ":spec_decode_num_draft_tokens", "Number of draft tokens.",
-                    s["draft_tokens"])
+                    [(base, s["draft_tokens"])])
             counter(p + ":spec_decode_num_accepted_tokens", "Number of accepted tokens.",
-                    s["accepted"])
-            name = p + ":spec_decode_num_accepted_tokens_per_pos"
-            samples = []
-            for pos, n in enumerate(s["per_pos"]):
-                labels = base + (("position", str(pos)),)
-                samples.append((name + "_total", labels, n))
-                samples.append((name + "_created", labels, self.created))
-            family(name + "_total", "counter", "Accepted tokens per draft position.", samples)
+                    [(base, s["accepted"])])
+            counter(p + ":spec_decode_num_accepted_tokens_per_pos",
+                    "Accepted tokens per draft position.",
+                    [(base + (("position", str(pos)),), n) for pos, n in enumerate(s["per_pos"])])
         return "\n".join(out) + "\n"
 
 
@@ -556,8 +563,10 @@ def main(argv=None):
     started = time.monotonic()
     log("Starting to load model %s..." % args.served_model_name[0], where=here + ":30")
     for share, text in phases:
-        if stop.wait(args.load_seconds * share):
-            return 0
+        until = time.monotonic() + args.load_seconds * share
+        while time.monotonic() < until:
+            if stop.wait(min(0.2, until - time.monotonic())):
+                return 0
         log(text % (time.monotonic() - started), where=here + ":31")
     log("init engine (profile, create kv cache, warmup model) took %.2f seconds"
         % (time.monotonic() - started), where=here + ":32")
@@ -572,7 +581,10 @@ def main(argv=None):
     raw("INFO:     Started server process [%d]" % os.getpid())
     raw("INFO:     Waiting for application startup.")
     raw("INFO:     Application startup complete.")
-    stop.wait()
+    # Wait in short slices: a signal may land on another thread, and only the main thread
+    # runs Python handlers, between waits.
+    while not stop.wait(0.2):
+        pass
     raw("INFO:     Shutting down")
     server.shutdown()
     raw("INFO:     Finished server process [%d]" % os.getpid())

@@ -200,9 +200,9 @@ def _pids_in_netns(ns_path):
     return pids
 
 
-def _kill_netns_processes(ns_path, timeout=15):
+def _kill_netns_processes(ns_path, timeout=15, spare=()):
     def gone():
-        pids = [p for p in _pids_in_netns(ns_path) if p != os.getpid()]
+        pids = [p for p in _pids_in_netns(ns_path) if p != os.getpid() and p not in spare]
         for p in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGKILL)
@@ -466,7 +466,14 @@ class HostLab:
         errors = []
         for host in self._hosts.values():
             try:
-                _kill_netns_processes("/run/netns/" + host.netns)
+                # Spare `unshare --fork` at first: it reaps the holder, then exits, and we
+                # reap it, so no zombie is left to init.
+                spare = {host.holder.pid} if host.pidns and host.holder else set()
+                _kill_netns_processes("/run/netns/" + host.netns, spare=spare)
+                if spare:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        host.holder.wait(5)
+                    _kill_netns_processes("/run/netns/" + host.netns)
             except Exception as exc:  # keep cleaning the rest
                 errors.append(exc)
             for proc in (host.sshd, host.holder):

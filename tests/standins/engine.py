@@ -251,8 +251,16 @@ class Lifecycle:
         signal.signal(signal.SIGINT, handler)
 
     def sleep(self, seconds):
-        """Sleep, or return True early if a stop was requested."""
-        return self.stop_requested.wait(seconds)
+        """Sleep, or return True early if a stop was requested. Waits in short slices: a
+        signal may land on another thread, and Python runs handlers in the main thread only
+        between waits."""
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if self.stop_requested.wait(min(0.2, max(0.0, left))):
+                return True
+            if left <= 0:
+                return False
 
 
 def periodic(interval, fn, stop):
