@@ -10,7 +10,7 @@ offset; each request blocks up to ~1 s waiting for growth, so an idle log costs 
 round trip a second. The offset only moves once an answer has arrived and been
 printed, so when the connection drops llmfab reconnects (tenacity, bounded) and
 asks again from the same offset: no line is lost or shown twice. Bytes are put into
-lines here (LineAssembler): a partial line waits for its end, and only complete
+lines here (tasks/logtext.py): a partial line waits for its end, and only complete
 lines are decoded, invalid UTF-8 becoming U+FFFD. Fatal lines (tasks/logscan.py)
 are shown in red, on a terminal only. With several hosts each line carries its host.
 Ctrl-C ends a follow with exit 0: stopping to watch is success, not an interruption.
@@ -27,70 +27,13 @@ from tenacity import (Retrying, retry_if_exception_type, stop_after_delay, stop_
 
 from .errors import ExitCode, HostUnreachable, OperationFailed, UsageError
 from .fanout import HostResult
-from .logscan import FATAL
+from .logtext import LineAssembler, is_fatal
 from .transport import AgentError, ConnectionLost
 
 FOLLOW_WAIT_S = 1.0            # how long one read blocks on the host waiting for growth
 RECONNECT_BUDGET_S = 120       # give up following after this long without a connection
-MAX_PARTIAL = 1 << 20          # a "line" this long without a newline is shown in pieces
 RED, RESET = "\x1b[31m", "\x1b[0m"
 RELEASE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-class LineAssembler:
-    """Bytes in (any chunking), complete decoded lines out. Pure.
-
-    A line is shown once its b"\\n" has arrived; a trailing b"\\r" is dropped. A
-    partial line longer than `max_partial` is released in pieces cut at a UTF-8
-    character boundary, so a multi-byte character is never split into two U+FFFD.
-    """
-
-    def __init__(self, max_partial=MAX_PARTIAL):
-        self.buf = b""
-        self.max_partial = max_partial
-
-    def feed(self, data):
-        self.buf += data
-        *lines, self.buf = self.buf.split(b"\n")
-        out = [_decode(line) for line in lines]
-        while len(self.buf) > self.max_partial:
-            cut = utf8_boundary(self.buf, self.max_partial)
-            out.append(_decode(self.buf[:cut]))
-            self.buf = self.buf[cut:]
-        return out
-
-    def flush(self):
-        """The held partial line, decoded (None if there is none); the buffer empties."""
-        rest, self.buf = self.buf, b""
-        return _decode(rest) if rest else None
-
-
-def _decode(line):
-    if line.endswith(b"\r"):
-        line = line[:-1]
-    return line.decode("utf-8", "replace")
-
-
-def utf8_boundary(data, limit):
-    """The largest cut <= limit (> 0) that does not split a UTF-8 sequence in data."""
-    cut = limit
-    for back in range(1, 4):  # a sequence is at most 4 bytes: look at most 3 back
-        i = limit - back
-        if i <= 0:
-            break
-        b = data[i]
-        if b & 0xC0 == 0x80:        # continuation byte: keep looking for the lead
-            continue
-        if b >= 0xC0:               # lead byte: does its sequence fit before limit?
-            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
-            if i + need > limit:
-                cut = i
-        break
-    return cut
-
-
-def is_fatal(line):
-    return any(p.search(line) for p, _ in FATAL)
 
 
 def parse_opts(opts):
@@ -145,7 +88,7 @@ def _no_release(e, ddir):
     return OperationFailed(f"{e}; releases in {ddir}: {listed}")
 
 
-def _reconnect(host, stop, printer):
+def _reconnect(host, stop):
     for attempt in Retrying(retry=retry_if_exception_type((ConnectionLost, HostUnreachable)),
                             stop=stop_after_delay(RECONNECT_BUDGET_S) | stop_when_event_set(stop),
                             wait=wait_exponential(multiplier=0.2, max=3), reraise=True):
@@ -165,7 +108,7 @@ def follow(host, ddir, release, offset, stop, printer, asm):
                 break
             printer.note(f"connection lost ({e}); reconnecting")
             try:
-                _reconnect(host, stop, printer)
+                _reconnect(host, stop)
             except (ConnectionLost, HostUnreachable) as e2:
                 if stop.is_set():
                     break
@@ -217,7 +160,7 @@ def tail_host(host, reporter, ddir, opts, stop, multi):
 
 
 def tail_log(c, opts):
-    from .boundary import load, run_task
+    from .boundary import hosts_for, load, run_task
     from .deploy import deploy_dir
     profile = load(c, opts.get("profile"))
     try:
@@ -230,7 +173,6 @@ def tail_log(c, opts):
         pass
     ddir = deploy_dir(profile)
     stop = threading.Event()
-    from .boundary import hosts_for
     multi = len(hosts_for(c, profile)) > 1
 
     def op(host, reporter):
@@ -241,24 +183,25 @@ def tail_log(c, opts):
         return
     # Followers run in a worker thread so that Ctrl-C reaches this (main) thread
     # whatever the number of hosts; it asks them to stop, and they do within a read.
-    box = {}
+    box, done = {}, threading.Event()
 
     def runner():
         try:
             run_task(c, profile, op, opts, title="tail-log")
         except BaseException as e:  # handed to the main thread below
             box["error"] = e
-    worker = threading.Thread(target=runner, name="tail-log-follow", daemon=True)
-    worker.start()
+        finally:
+            done.set()
+    threading.Thread(target=runner, name="tail-log-follow", daemon=True).start()
     try:
-        while worker.is_alive():
-            worker.join(0.25)
+        while not done.wait(0.25):  # (an interrupted Thread.join can misreport is_alive)
+            pass
     except KeyboardInterrupt:
         stop.set()
-        worker.join(FOLLOW_WAIT_S + 2)
+        finished = done.wait(FOLLOW_WAIT_S + 2)
         sys.stdout.flush()
         sys.stderr.flush()
-        if worker.is_alive():  # stuck reconnecting: nothing on the host needs us
+        if not finished:  # stuck reconnecting: nothing on the host needs us
             os._exit(ExitCode.OK)
         return
     if "error" in box:
