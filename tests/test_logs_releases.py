@@ -77,6 +77,24 @@ def test_is_fatal_uses_logscan_patterns():
     assert not is_fatal("INFO Loading weights took 3.2 s")
 
 
+class _Tty(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("stream,multi", [(_Tty(), False), (io.StringIO(), True)])
+def test_fatal_lines_are_red_on_a_terminal_only_and_hosts_prefix_with_several(stream, multi):
+    from tasks.logs import Printer
+    from tasks.report import Reporter
+    printer = Printer(Reporter(["h1", "h2"], stream=stream), "h1", multi)
+    printer.show(["INFO fine", "RuntimeError: Engine core initialization failed. See root cause"])
+    out = stream.getvalue().splitlines()
+    if multi:
+        assert out == ["[h1] INFO fine", "[h1] RuntimeError: Engine core initialization failed. See root cause"]
+    else:
+        assert out == ["INFO fine", "\x1b[31mRuntimeError: Engine core initialization failed. See root cause\x1b[0m"]
+
+
 def test_parse_opts_validates_locally():
     assert parse_opts({"lines": "7", "grep": "a|b", "release": None})[0] == 7
     for bad in ({"grep": "("}, {"lines": "-1"}, {"lines": "x"}, {"release": "../x"},
@@ -204,6 +222,24 @@ def test_rows_and_table():
     assert lines[1].startswith("   20250101T120000Z") and "killed by SIGTERM" in lines[1]
     assert lines[2].startswith("*  20250102T120000Z-2") and "2025-01-02 12:00:05Z" in lines[2]
     assert "2.0 KiB" in lines[1]
+
+
+def test_saved_profile_gives_the_old_releases_readiness_settings(tmp_path):
+    from tasks.history import saved_profile
+    from tasks.profile import load_profile
+    (tmp_path / "helper.sh").write_text("#!/bin/sh\n")
+    path = tmp_path / "old.toml"
+    path.write_text("[target]\nname = \"d\"\n[server]\nengine = \"vllm\"\nmodel = \"/m\"\n"
+                    "port = 9123\nfiles = [\"helper.sh\"]\n[server.args]\nserved-model-name = \"old\"\n"
+                    "[server.env]\nTOKEN = { from_env = \"LLMFAB_TEST_TOKEN\" }\n"
+                    "[ready]\nhealth_path = \"/ping\"\ntimeout = 77\n")
+    old = load_profile(path, environ={"LLMFAB_TEST_TOKEN": "s3cret"})
+    (tmp_path / "helper.sh").unlink()  # the local copy may be gone by rollback time
+    back = saved_profile(old.resolved_toml, fallback=None)
+    assert back is not None and "s3cret" not in old.resolved_toml
+    assert (back.server.port, back.served_name, back.ready.health_path, back.ready.timeout) == \
+        (9123, "old", "/ping", 77)
+    assert saved_profile("not = [toml", fallback="F") == "F" and saved_profile(None, "F") == "F"
 
 
 # -- end to end, against real sshd hosts (tests/lab.py) ----------------------------------
@@ -444,6 +480,7 @@ def test_rollback_relaunches_the_previous_release_with_its_own_argv(lab, server_
     before = (first / "server.log").read_bytes()
     r = fab(lab, "rollback", profile=new)
     assert f"rolling back from {second.name} to {first.name}" in r.stdout and "ready in" in r.stdout
+    assert "note:" not in r.stdout  # readiness came from the old release's own profile.toml
     dep = deployment(lab, "h1", "rb")
     assert os.readlink(dep / "current") == f"releases/{first.name}"
     runs = [json.loads(l) for l in (first / "received.jsonl").read_text().splitlines()]
