@@ -402,7 +402,8 @@ class HostLab:
 
     def exec(self, alias, argv, **kw):
         """Run argv inside the host (its net, mount, uts and, if any, pid namespace), with
-        cwd /root. Keyword arguments go to subprocess.run; returns CompletedProcess."""
+        cwd /root, via nsenter targeting the process that holds those namespaces (the same
+        ones sshd runs in). Keyword arguments go to subprocess.run; returns CompletedProcess."""
         return subprocess.run(self._nsenter(self._hosts[alias]) + ["--wd=/root", "--"] + list(argv),
                               **kw)
 
@@ -507,6 +508,11 @@ class HostLab:
                 with os.fdopen(fd, "w") as f:
                     json.dump({"pid": os.getpid(), "start": _starttime(os.getpid()),
                                "root": str(self.root), "since": time.time()}, f)
+                # Leftovers under this slot's names whose slot file is gone (a crash at the
+                # wrong moment): the slot is ours now, so clear them.
+                _destroy_slot_network(slot)
+                if (self.root / ".llmfab-lab").exists():
+                    shutil.rmtree(self.root, ignore_errors=True)
                 if self.root.exists() and any(self.root.iterdir()):
                     path.unlink()
                     raise ValueError("lab root %s exists and is not empty" % self.root)
