@@ -107,7 +107,7 @@ def _free(host, reporter, s, record, devices, grace, nvidia_smi):
                             f"after {grace:g} s; nothing was signalled")
         return HostResult(name, ExitCode.OK, f"dry run: {len(targets)} to kill")
     if not targets:
-        reporter.line(name, "no process of this host holds the selected GPUs: nothing to kill")
+        reporter.line(name, "nothing to kill: no process of this host holds the selected GPUs")
         return HostResult(name, ExitCode.OK, "nothing to kill")
     res = host.call("kill_procs", targets=[{"pid": p["pid"], "start": p["start"]} for p in targets],
                     grace=grace, timeout=grace + 60)
@@ -124,17 +124,16 @@ def _free(host, reporter, s, record, devices, grace, nvidia_smi):
                               + ("survived SIGKILL" if res["survivors"] else ""),
                               details=[f"pid {p}: {res['names'].get(str(p), '')}" for p in bad])
     limits = _limits(s["gpus"], targets)
-    after = wait_freed(host, nvidia_smi=nvidia_smi, limits=limits,
-                       gone_pids=[p["pid"] for p in targets])
-    record["gpus_after"] = after["gpus"]
+    after = wait_freed(host, nvidia_smi=nvidia_smi, limits=limits) if limits else []
+    record["gpus_after"] = after
     before = {g["index"]: g["used_mib"] for g in s["gpus"] or ()}
-    record["freed_mib"] = {str(g["index"]): before[g["index"]] - g["used_mib"] for g in after["gpus"] or ()
+    record["freed_mib"] = {str(g["index"]): before[g["index"]] - g["used_mib"] for g in after
                            if before.get(g["index"]) is not None and g["used_mib"] is not None}
     reporter.lines(name, table(["pid", "signal", "GPU", "MiB", "command"], [
         [p["pid"], how.get(p["pid"], "?"), ",".join(str(g["index"]) for g in p["gpus"]),
          sum(g["used_mib"] or 0 for g in p["gpus"]) if any(g["used_mib"] is not None for g in p["gpus"])
          else "?", p["command"][:100]] for p in targets]))
-    for line in gpu_lines(s["gpus"], after["gpus"]):
+    for line in gpu_lines(s["gpus"], after):
         reporter.line(name, line)
     freed = sum(v for v in record["freed_mib"].values() if v > 0)
     killed = len(res["killed"])

@@ -5,10 +5,10 @@ before its launch (gpu-baseline.json); after `fab kill-gpu-procs` each GPU must 
 the memory its killed processes held. "Back" allows a tolerance of
 max(TOLERANCE_MIB, TOLERANCE_FRACTION of the reading it is compared with): the driver
 keeps some bookkeeping, and other tenants of a shared GPU move a little. The wait polls
-the host (one agent request per tick, every POLL_S) with tenacity for at most
+the host (one nvidia-smi reading per tick, every POLL_S) with tenacity for at most
 FREE_TIMEOUT_S, then fails naming every process still on those GPUs.
 """
-from tenacity import RetryError, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from .errors import OperationFailed
 
@@ -19,9 +19,9 @@ POLL_S = 0.25
 
 
 class NotFreedYet(Exception):
-    def __init__(self, survey, over, lingering):
+    def __init__(self, over):
         super().__init__("GPU memory not back yet")
-        self.survey, self.over, self.lingering = survey, over, lingering
+        self.over = over
 
 
 def tolerance(mib):
@@ -58,21 +58,22 @@ def holders(survey):
     return [describe(p) for p in survey["procs"]] + [describe_foreign(f) for f in survey["foreign"]]
 
 
-def wait_freed(host, *, nvidia_smi, limits, gone_pids=(), timeout=FREE_TIMEOUT_S, sleep=None,
-               what="GPU memory"):
-    """Poll until every GPU in limits ({index: max used MiB}) is at or under its limit and no
-    pid of gone_pids is seen on a GPU. Returns the last survey; raises OperationFailed."""
-    gone = set(gone_pids)
-    devices = sorted(limits) if limits else None
+def wait_freed(host, *, nvidia_smi, limits, timeout=FREE_TIMEOUT_S, sleep=None, what="GPU memory"):
+    """Poll until every GPU in limits ({index: max used MiB}) is at or under its limit.
+
+    Each tick is one nvidia-smi reading (the `gpus` op); callers have already seen their
+    processes die. Returns the last readings; raises OperationFailed naming every process
+    still on those GPUs (one full survey, both sources) when time runs out.
+    """
+    devices = sorted(limits)
 
     def tick():
-        s = host.call("gpu_procs", nvidia_smi=nvidia_smi, devices=devices, timeout=60)
-        over = [g for g in s["gpus"] or () if g["index"] in limits and g["used_mib"] is not None
+        gpus = host.call("gpus", nvidia_smi=nvidia_smi, devices=devices, timeout=60)["gpus"] or []
+        over = [g for g in gpus if g["index"] in limits and g["used_mib"] is not None
                 and g["used_mib"] > limits[g["index"]]]
-        lingering = [p for p in s["procs"] if p["pid"] in gone]
-        if over or lingering:
-            raise NotFreedYet(s, over, lingering)
-        return s
+        if over:
+            raise NotFreedYet(over)
+        return gpus
 
     kw = {"sleep": sleep} if sleep is not None else {}
     try:
@@ -80,15 +81,14 @@ def wait_freed(host, *, nvidia_smi, limits, gone_pids=(), timeout=FREE_TIMEOUT_S
                                 wait=wait_fixed(POLL_S), reraise=True, **kw):
             with attempt:
                 return tick()
-    except (NotFreedYet, RetryError) as e:
-        err = e if isinstance(e, NotFreedYet) else e.last_attempt.exception()
-        parts = [f"GPU {g['index']} uses {g['used_mib']} MiB (limit {limits[g['index']]} MiB)"
-                 for g in err.over]
-        parts += [f"pid {p['pid']} still holds a GPU" for p in err.lingering]
+    except NotFreedYet as e:
+        survey = host.call("gpu_procs", nvidia_smi=nvidia_smi, devices=devices, timeout=60)
         raise OperationFailed(
-            f"{what} not freed after {timeout:.0f} s: " + "; ".join(parts)
+            f"{what} not freed after {timeout:.0f} s: "
+            + "; ".join(f"GPU {g['index']} uses {g['used_mib']} MiB (limit {limits[g['index']]} MiB)"
+                        for g in e.over)
             + ". Processes still on these GPUs are listed below; free them with `fab kill-gpu-procs`",
-            details=holders(err.survey) or ["no process visible from this host holds them"]) from None
+            details=holders(survey) or ["no process visible from this host holds them"]) from None
 
 
 def gpu_lines(before, after, baseline=None):

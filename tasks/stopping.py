@@ -43,13 +43,12 @@ def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=
     devices = base.get("devices")
     limits = {g["index"]: g["used_mib"] + tolerance(g["used_mib"]) for g in base["gpus"]
               if g["used_mib"] is not None and (devices is None or g["index"] in devices)}
-    survey = wait_freed(host, nvidia_smi=base.get("nvidia_smi") or "nvidia-smi", limits=limits,
-                        gone_pids=set(res["terminated"]) | set(killed), timeout=memory_timeout,
-                        what="GPU memory of the stopped deployment")
+    after = wait_freed(host, nvidia_smi=base.get("nvidia_smi") or "nvidia-smi", limits=limits,
+                       timeout=memory_timeout, what="GPU memory of the stopped deployment")
     res["memory_s"] = round(time.monotonic() - t0, 3)
-    res["gpus_after"] = survey["gpus"]
+    res["gpus_after"] = after
     reporter.line(name, f"GPU memory back to its pre-launch baseline {res['memory_s']:.1f} s after "
                         "the stop began")
-    for line in gpu_lines(res.get("gpus_before"), survey["gpus"], base["gpus"]):
+    for line in gpu_lines(res.get("gpus_before"), after, base["gpus"]):
         reporter.line(name, "  " + line)
     return res
