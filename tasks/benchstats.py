@@ -51,11 +51,6 @@ def record(host, raw, spec):
     ok = [s for s in samples if s["ok"]]
     duration = raw["duration_s"]
     tokens = sum(s["output_tokens"] for s in ok)
-    spec_out = None
-    if spec is not None:
-        spec_out = {k: (None if spec[k] is None else round(spec[k], 6))
-                    for k in ("acceptance_rate", "mean_acceptance_length")}
-        spec_out["per_position"] = [round(p, 6) for p in spec["per_position"]]
     return {
         "host": host,
         "requests": len(samples),
@@ -65,7 +60,7 @@ def record(host, raw, spec):
         "output_tokens_per_s": round(tokens / duration, 2) if duration > 0 else None,
         "ttft_ms": _ms([s["ttft_s"] for s in ok if s["ttft_s"] is not None]),
         "itl_ms": _ms([x for s in ok for x in s["itl_s"]]),
-        "spec": spec_out,
+        "spec": metrics.rounded(spec),
     }
 
 

@@ -95,6 +95,16 @@ def spec_window(after, before=None):
     }
 
 
+def rounded(spec, digits=6):
+    """The spec record with its numbers rounded for output (None stays None)."""
+    if spec is None:
+        return None
+    out = {k: (None if spec[k] is None else round(spec[k], digits))
+           for k in ("acceptance_rate", "mean_acceptance_length")}
+    out["per_position"] = [round(p, digits) for p in spec["per_position"]]
+    return out
+
+
 def sglang_spec(server_info, snap=None):
     """SGLang's own numbers (not windowed): avg_spec_accept_length, spec_accept_rate gauge."""
     states = (server_info or {}).get("internal_states") or [server_info or {}]
@@ -163,15 +173,16 @@ def status_metrics(host, profile, server, interval=1.0):
         return out
     try:
         snap0, _ = summarize_sample(first, profile.server.engine)
-        snap1, out["spec"] = summarize_sample(last, profile.server.engine)
+        snap1, spec = summarize_sample(last, profile.server.engine)
     except ValueError as e:
         out["lines"].append(f"metrics: unreadable /metrics ({e})")
         return out
-    out["lines"].append(spec_text(out["spec"], " (since start)"))
+    out["spec"] = rounded(spec)
+    out["lines"].append(spec_text(spec, " (since start)"))
     if snap0 is not None and snap1 is not None and len(res["samples"]) > 1:
         rate = generation_rate(snap0, snap1, last["t"] - first["t"])
-        out["generation_tokens_per_s"] = rate
         if rate is not None:
+            out["generation_tokens_per_s"] = round(rate, 2)
             out["lines"].append(f"generation: {rate:.1f} tokens/s (last {last['t'] - first['t']:.1f} s)")
     if snap1 is not None:
         ld = load(snap1)

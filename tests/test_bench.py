@@ -1,6 +1,6 @@
 """End to end: `fab bench` and `fab status` over real SSH against the stand-in servers.
 
-One lab host; the stand-in vLLM drafts 15 tokens per step and accepts 62 % of them
+Host h1 of the session's lab (tests/conftest.py); the stand-in vLLM drafts 15 tokens per step and accepts 62 % of them
 (STANDIN_ACCEPT_RATE=0.62), deterministically: any window's acceptance is 0.62 within
 2 / drafted tokens. The server is loaded before the bench, so its counters are non-zero
 when the bench's window opens; the bench must report the window alone.
@@ -9,19 +9,12 @@ import json
 
 import pytest
 
-from lab import HostLab
 from tasks import metrics
 
 pytestmark = pytest.mark.e2e
 
 ACCEPT = 0.62
 K = 15
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with HostLab(1) as lab:
-        yield lab
 
 
 def _profile(lab, name, port, engine="vllm", spec=True):
@@ -53,14 +46,14 @@ def _deployed(lab, name, port, **kw):
 
 @pytest.fixture(scope="module")
 def spec_profile(lab):
-    prof = _deployed(lab, "spec", 8001)
+    prof = _deployed(lab, "bench-spec", 18701)
     yield prof
     lab.fab("stop", "--grace", "5", profile=prof)
 
 
 @pytest.fixture(scope="module")
 def plain_profile(lab):
-    prof = _deployed(lab, "plain", 8002, spec=False)
+    prof = _deployed(lab, "bench-plain", 18702, spec=False)
     yield prof
     lab.fab("stop", "--grace", "5", profile=prof)
 
@@ -79,7 +72,7 @@ def _json_lines(text):
 def test_bench_reports_acceptance_over_its_window_only(lab, spec_profile, tmp_path):
     warm = lab.fab("bench", "--requests", "6", "--max-tokens", "200", profile=spec_profile)
     assert warm.returncode == 0, warm.stderr
-    before = _host_metrics(lab, 8001)
+    before = _host_metrics(lab, 18701)
     assert before.get(metrics.DRAFTS) > 0 and before.get(metrics.ACCEPTED) > 0
 
     prompts = tmp_path / "prompts.jsonl"
@@ -136,7 +129,7 @@ def test_server_without_speculative_decoding_says_so(lab, plain_profile, spec_pr
 
 
 def test_sglang_acceptance_length_from_server_info(lab):
-    prof = _deployed(lab, "sgl", 8003, engine="sglang")
+    prof = _deployed(lab, "bench-sgl", 18703, engine="sglang")
     try:
         r = lab.fab("bench", "--json", "--requests", "4", "--max-tokens", "32", profile=prof)
         assert r.returncode == 0, r.stderr
@@ -149,7 +142,7 @@ def test_sglang_acceptance_length_from_server_info(lab):
 
 
 def test_bench_of_a_stopped_server_fails_saying_so(lab):
-    prof = _profile(lab, "never", 8004)
+    prof = _profile(lab, "bench-never", 18704)
     r = lab.fab("bench", profile=prof)
     assert r.returncode == 1
     assert "the server is not running" in r.stdout and "fab deploy" in r.stdout
