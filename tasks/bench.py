@@ -34,8 +34,13 @@ BUILTIN_PROMPTS = (
 COUNTER_SETTLE_S = 2.0
 
 
+DEFAULTS = {"requests": 32, "concurrency": 4, "max_tokens": 128}
+
+
 def _positive(opts, key):
     value = opts.get(key)
+    if value is None:
+        return DEFAULTS[key]
     try:
         n = int(value)
         if n != float(value) or n < 1:

@@ -154,6 +154,7 @@ def fab(*args, cwd=ROOT):
 @pytest.mark.parametrize("args, needle", [
     (["--requests", "0"], "--requests expects a positive integer"),
     (["--concurrency", "-2"], "--concurrency expects a positive integer"),
+    (["--requests", "abc"], "--requests expects a positive integer (got 'abc')"),
     (["--max-tokens", "0"], "--max-tokens expects a positive integer"),
     (["--prompts", "/nonexistent/p.jsonl"], "--prompts: cannot read /nonexistent/p.jsonl"),
     (["--compare", "only-one.json"], "--compare expects two files"),
