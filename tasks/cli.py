@@ -110,8 +110,8 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=Fa
 }))
 def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, prompts=None,
           json=False, compare=None, parallel=32, accept_new_host_keys=False):
+    """Load the running server through its OpenAI API: tokens/s, TTFT, ITL, spec acceptance."""
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
-    """Load the running server through its OpenAI API: tokens/s, TTFT, ITL, spec acceptance."""
     from .bench import bench as run
     run(c, locals())
