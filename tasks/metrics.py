@@ -178,7 +178,8 @@ def status_metrics(host, profile, server, interval=1.0):
         out["lines"].append(f"metrics: unreadable /metrics ({e})")
         return out
     out["spec"] = rounded(spec)
-    out["lines"].append(spec_text(spec, " (since start)"))
+    since = " (as SGLang reports it)" if profile.server.engine == "sglang" else " (since start)"
+    out["lines"].append(spec_text(spec, since))
     if snap0 is not None and snap1 is not None and len(res["samples"]) > 1:
         rate = generation_rate(snap0, snap1, last["t"] - first["t"])
         if rate is not None:

@@ -137,6 +137,11 @@ def test_sglang_acceptance_length_from_server_info(lab):
         # 4 draft tokens per step with top-k 1: 3 drafted, 62 % accepted.
         assert spec["mean_acceptance_length"] == pytest.approx(1 + 3 * ACCEPT, abs=0.05)
         assert "(as SGLang reports it)" in r.stderr
+        st = lab.fab("status", "--json", profile=prof)
+        assert st.returncode == 0, st.stderr
+        srec = _json_lines(st.stdout)[0]
+        assert srec["spec"]["mean_acceptance_length"] == pytest.approx(1 + 3 * ACCEPT, abs=0.05)
+        assert "mean acceptance length 2.8" in st.stderr
     finally:
         lab.fab("stop", "--grace", "5", profile=prof)
 
