@@ -134,7 +134,7 @@ def _same_process(smi_name, info):
         return True
     base = os.path.basename(smi_name.split(" ", 1)[0])
     return bool(base) and (base in info["command"] or base[:15] == info["comm"]
-                           or info["comm"] in smi_name)
+                           or bool(info["comm"]) and info["comm"] in smi_name)
 
 
 UNACCOUNTED_MIB = 1024  # a GPU using this much with no process listed: nvidia-smi cannot see them
