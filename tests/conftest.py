@@ -3,6 +3,7 @@
 Markers (declared in setup.cfg):
   e2e  needs the SSH lab (root, ip, sshd, unshare, nsenter). Without them an e2e test
        FAILS with the reason -- set LLMFAB_SKIP_E2E=1 to skip them on purpose instead.
+       Tests using the `lab` or `make_lab` fixture are marked e2e automatically.
   ray  slow multi-node Ray tests: run with --run-ray (CI=true implies it); otherwise
        skipped, by choice rather than for a missing install.
 
@@ -30,7 +31,15 @@ def _run_ray(config):
     return config.getoption("--run-ray") or os.environ.get("CI", "").lower() == "true"
 
 
+LAB_FIXTURES = {"lab", "make_lab"}
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        # A test that uses a lab is end-to-end whether or not it says so (also when a
+        # module overrides the `lab` fixture with its own HostLab).
+        if LAB_FIXTURES & set(getattr(item, "fixturenames", ())) and "e2e" not in item.keywords:
+            item.add_marker(pytest.mark.e2e)
     if _run_ray(config):
         return
     skip = pytest.mark.skip(reason="Ray test: run with --run-ray (CI=true implies it)")
