@@ -311,6 +311,11 @@ class HostLab:
             raise LabUnavailable("the SSH test lab cannot run here: " + "; ".join(problems))
         if not 1 <= n_hosts <= 200:
             raise ValueError("n_hosts must be 1..200, got %r" % (n_hosts,))
+        if root is not None:
+            real = os.path.realpath(root)
+            if any(real == d or real.startswith(d + "/") for d in ("/tmp", "/root", "/usr/local/bin")):
+                raise ValueError("lab root %s is under a directory each host replaces "
+                                 "(/tmp, /root, /usr/local/bin); use e.g. /var/tmp/..." % root)
         self._owner = os.getpid()
         self._closed = False
         self._hosts = {}
@@ -350,7 +355,8 @@ class HostLab:
         return self._hosts[alias].tmp / "fakegpu"
 
     def set_gpus(self, alias, count=2, **kw):
-        """Rewrite the host's fake GPUs (count, name=, total_mib=, baseline_mib=)."""
+        """Rewrite the host's fake GPUs: count, name=, total_mib=, baseline_mib=, and
+        fields= (forced --query-gpu values, e.g. {"utilization.gpu": "[N/A]"})."""
         self._ensure_dev_nodes(count)
         return _fakegpu.write_gpus(str(self.fakegpu_dir(alias)), count,
                                    uuid_seed="%d-%s" % (self.slot, alias), **kw)

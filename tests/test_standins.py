@@ -424,6 +424,9 @@ def test_nvidia_smi_formats_and_errors(host):
     assert re.fullmatch(r"1, GPU-[0-9a-f-]{36}, NVIDIA H100 80GB HBM3, 4, 81559, 0\n", r.stdout)
     r = host.smi("--query-compute-apps=pid,process_name,used_memory,gpu_uuid", "--format=csv")
     assert r.stdout == "pid, process_name, used_gpu_memory [MiB], gpu_uuid\n"
+    nvidia_smi.write_gpus(host.env["FAKEGPU_DIR"], 1, fields={"utilization.gpu": "[N/A]"})
+    r = host.smi("--query-gpu=index,utilization.gpu", "--format=csv")
+    assert r.stdout.splitlines()[1] == "0, [N/A]"
     r = host.smi("--query-gpu=bogus", "--format=csv")
     assert r.returncode == 2 and 'Field "bogus" is not a valid field to query.' in r.stdout
     r = host.smi("--frobnicate")

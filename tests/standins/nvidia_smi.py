@@ -82,8 +82,12 @@ def fakegpu_dir():
 
 
 def write_gpus(directory, count=2, *, name=DEFAULT_GPU_NAME, total_mib=DEFAULT_TOTAL_MIB,
-               baseline_mib=DEFAULT_BASELINE_MIB, uuid_seed="0"):
-    """Create `directory`/gpus.json describing `count` GPUs (what the lab does per host)."""
+               baseline_mib=DEFAULT_BASELINE_MIB, uuid_seed="0", fields=None):
+    """Create `directory`/gpus.json describing `count` GPUs (what the lab does per host).
+
+    `fields` forces --query-gpu values on every GPU, e.g. {"utilization.gpu": "[N/A]"},
+    as some drivers, MIG and containers report them.
+    """
     os.makedirs(os.path.join(directory, "procs"), exist_ok=True)
     os.chmod(os.path.join(directory, "procs"), 0o1777)
     gpus = []
@@ -93,7 +97,8 @@ def write_gpus(directory, count=2, *, name=DEFAULT_GPU_NAME, total_mib=DEFAULT_T
                                                                   h[16:20], h[20:32]),
                      "name": name, "memory_total_mib": total_mib,
                      "baseline_used_mib": baseline_mib,
-                     "pci_bus_id": "00000000:%02X:00.0" % (0x18 + 8 * i)})
+                     "pci_bus_id": "00000000:%02X:00.0" % (0x18 + 8 * i),
+                     "fields": dict(fields or {})})
     path = os.path.join(directory, "gpus.json")
     with open(path + ".tmp", "w") as f:
         json.dump(gpus, f, indent=1)
@@ -404,6 +409,7 @@ def main(argv=None):
                     "temperature.gpu": 33 + 4 * min(len(regs), 8),
                     "power.draw": "%.2f" % (71.5 + 40 * min(len(regs), 8)),
                     "persistence_mode": "Enabled", "compute_mode": "Default"})
+                table[-1].update(g.get("fields") or {})
             sys.stdout.write(_render(names, GPU_FIELDS, table, opts))
         elif opts["query_apps"] is not None:
             names = _fields(opts["query_apps"], APP_FIELDS)
