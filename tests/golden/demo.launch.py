@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""llmfab launcher: deployment 'demo', profile demo.toml (sha256 94491c790e4b).
+
+Rerun by hand from anywhere:  <python> {this file}
+It starts the server detached (own session and process group), appends its output
+to server.log beside this file, records ../../server.json, and returns at once.
+Standard library only; Python >= 3.9.
+"""
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+
+# The server's argv, exactly as the server receives it. No shell is involved.
+ARGV = [
+    'python3',
+    'demo_server.py',
+    '--port',
+    '18000',
+    '--host',
+    '127.0.0.1',
+    '--served-model-name',
+    'demo-model',
+    '--load-seconds',
+    '2',
+]
+
+# Added to the host's environment. Secrets live in secrets.json (mode 0600) beside
+# this file and are merged in at launch; their values never appear here.
+ENV = {}
+SECRET_NAMES = []
+
+PORT = 18000
+
+
+def _now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _environment(here):
+    env = dict(os.environ)
+    env.update(ENV)
+    # Inherited by every child, even one that leaves the process group: `fab stop`
+    # finds this deployment's stragglers by it.
+    env["LLMFAB_RELEASE"] = here
+    if SECRET_NAMES:
+        with open(os.path.join(here, "secrets.json")) as f:
+            secrets = json.load(f)
+        env.update({k: secrets[k] for k in SECRET_NAMES})
+    return env
+
+
+def _reaper(here, env, report_fd):
+    """Child: lead a new session, start the server in it, record how it ended."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    # A handler (not SIG_IGN, which exec would inherit): the reaper outlives a
+    # SIGTERM of the group so it can record the server's exit status.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGHUP, lambda *_: None)
+    try:
+        with open(os.path.join(here, "server.log"), "ab") as log:
+            proc = subprocess.Popen(
+                ARGV, cwd=here, env=env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, close_fds=True,
+            )
+    except OSError as e:
+        os.write(report_fd, json.dumps({"error": "cannot start %r: %s" % (ARGV[0], e)}).encode())
+        os._exit(1)
+    os.write(report_fd, json.dumps({"pid": proc.pid}).encode())
+    os.close(report_fd)
+    while True:
+        try:
+            status = proc.wait()
+            break
+        except InterruptedError:
+            continue
+    _write_json(os.path.join(here, "exit.json"), {"returncode": status, "ended_at": _now()})
+    os._exit(0)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = _environment(here)
+    read_fd, write_fd = os.pipe()
+    reaper = os.fork()
+    if reaper == 0:
+        os.close(read_fd)
+        _reaper(here, env, write_fd)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as r:
+        report = json.loads(r.read() or b'{"error": "launcher child died"}')
+    if "error" in report:
+        print(json.dumps(report))
+        return 1
+    record = {
+        "pid": report["pid"],
+        "pgid": reaper,
+        "started_at": _now(),
+        "release": os.path.basename(here),
+        "port": PORT,
+    }
+    _write_json(os.path.join(os.path.dirname(os.path.dirname(here)), "server.json"), record)
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
