@@ -16,3 +16,31 @@ class FanoutExecutor(Executor):
         hosts = [h.strip() for h in host_str.split(",") if h.strip()] if host_str else []
         self.config["llmfab_hosts"] = hosts
         return InvokeExecutor.expand_calls(self, calls)
+
+
+def exit_2_on_bad_arguments():
+    """Make `fab` exit 2 (bad input) on unknown flags and bad flag values, as DESIGN.md says.
+
+    Invoke turns a ParseError into exit 1 and lets a failed int() cast escape as a
+    traceback. Task arguments are parsed after the fabfile is imported, so wrapping
+    the running program's `parse_tasks` here is early enough. Only the `fab`
+    program of Fabric is touched; importing this package elsewhere changes nothing.
+    """
+    import sys
+
+    main = sys.modules.get("fabric.main")
+    program = getattr(main, "program", None)
+    if program is None or getattr(program, "_llmfab_wrapped", False):
+        return
+    from invoke.exceptions import Exit, ParseError
+
+    original = program.parse_tasks
+
+    def parse_tasks():
+        try:
+            return original()
+        except (ParseError, ValueError) as e:
+            raise Exit(f"error: {e} (see `fab --help TASK`)", code=2) from None
+
+    program.parse_tasks = parse_tasks
+    program._llmfab_wrapped = True

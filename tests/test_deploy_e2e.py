@@ -194,3 +194,11 @@ def test_fab_help_documents_every_flag(task):
     assert flags
     for line in flags:
         assert len(line.split("  ")) > 1 and line.rstrip().split("  ")[-1].strip(), f"undocumented: {line}"
+
+
+@pytest.mark.parametrize("argv", [["status", "--parallel", "abc"], ["deploy", "--bogus"],
+                                  ["deploy", "--timeout", "soon"]])
+def test_bad_arguments_exit_2_with_one_line(argv):
+    r = subprocess.run([sys.executable, "-m", "fabric"] + argv, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.startswith("error: ")
