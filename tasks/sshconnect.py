@@ -1,13 +1,25 @@
 """Open one Fabric connection the safe way: strict host keys, bounded, retried.
 
 Fabric's Connection accepts any host key (AutoAddPolicy) and loads no known_hosts.
-Here host keys are checked against ~/.ssh/known_hosts and the host's
-UserKnownHostsFile (ssh_config), unknown keys are refused unless the user opted in
-(`StrictHostKeyChecking accept-new|no` in ssh_config, or `--accept-new-host-keys`),
-and transient failures (refused, reset, banner races) are retried for a bounded time.
+Here host keys are checked against ~/.ssh/known_hosts (or the host's
+UserKnownHostsFile) and /etc/ssh/ssh_known_hosts (or GlobalKnownHostsFile); unknown
+keys are refused unless the user opted in (`StrictHostKeyChecking accept-new|no` in
+ssh_config, or `--accept-new-host-keys`), and a key that CHANGED is always refused.
+The same rules apply to every ProxyJump hop.
+
+The connect timeout (default 10 s) is, in order: the caller's, `fab -t N`, the
+host's ssh_config ConnectTimeout, Fabric's `timeouts.connect`. It bounds the TCP
+connect, the SSH banner and authentication alike, so a host that accepts TCP and
+never speaks fails within it. Refused/reset connections (sshd restarting, or
+throttling a burst of connections with MaxStartups) are retried for at most
+RETRY_BUDGET_S; a host that does not route or does not answer is not retried.
 """
+import errno
+import logging
 import os
 import socket
+import threading
+import time
 
 import paramiko
 from tenacity import retry, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_fixed, wait_random
@@ -16,6 +28,13 @@ from .errors import HostUnreachable
 
 DEFAULT_TIMEOUT = 10
 RETRY_BUDGET_S = 15
+TRANSIENT_ERRNOS = (errno.ECONNREFUSED, errno.ECONNRESET)
+
+# Paramiko's transport thread logs failed handshakes with a traceback at ERROR; with no
+# handler configured Python prints that to stderr. Our message says it in one line.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+_save_lock = threading.Lock()  # hosts accept new keys in parallel threads: append, one at a time
 
 
 class UnknownHostKey(paramiko.SSHException):
@@ -29,39 +48,84 @@ class _Reject(paramiko.MissingHostKeyPolicy):
         raise UnknownHostKey(hostname, key)
 
 
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """Trust a key never seen before and APPEND it to known_hosts (one line).
+
+    Paramiko's AutoAddPolicy rewrites the whole file from this client's copy, so
+    parallel connections would overwrite each other's new keys.
+    """
+
+    def __init__(self, path):
+        self.path = path
+
+    def missing_host_key(self, client, hostname, key):
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        with _save_lock:
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+            with open(self.path, "a") as f:
+                f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+
+
 class _Transient(Exception):
     pass
 
 
-def _known_hosts_files(ssh_config):
-    files = ["~/.ssh/known_hosts"]
-    value = ssh_config.get("userknownhostsfile")
+def _files(ssh_config, key, default):
+    value = ssh_config.get(key)
     if value:
         files = value if isinstance(value, list) else value.split()
+    else:
+        files = [default]
     return [os.path.expanduser(f) for f in files]
 
 
-def harden(cxn, accept_new=False):
-    """Replace Fabric's accept-anything policy on cxn and on its ProxyJump gateways."""
+def _known_hosts_files(ssh_config):
+    return _files(ssh_config, "userknownhostsfile", "~/.ssh/known_hosts")
+
+
+def _prepare(cxn, timeout, accept_new):
+    """Timeouts and host-key policy on cxn and on each of its ProxyJump gateways."""
+    cxn.connect_kwargs.pop("timeout", None)  # `fab -t`: applied through connect_timeout
+    cxn.connect_timeout = timeout
+    cxn.connect_kwargs["banner_timeout"] = timeout
+    cxn.connect_kwargs["auth_timeout"] = timeout
     strict = str(cxn.ssh_config.get("stricthostkeychecking", "yes")).lower()
     files = _known_hosts_files(cxn.ssh_config)
+    for f in _files(cxn.ssh_config, "globalknownhostsfile", "/etc/ssh/ssh_known_hosts"):
+        if os.path.isfile(f):
+            cxn.client.load_system_host_keys(f)  # read, never written
     for f in files:
-        if os.path.exists(f):
+        if os.path.isfile(f):
             cxn.client.load_host_keys(f)
     if accept_new or strict in ("accept-new", "no", "off"):
-        cxn.client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
-        if not os.path.exists(files[0]):
-            os.makedirs(os.path.dirname(files[0]), mode=0o700, exist_ok=True)
-            open(files[0], "a").close()
-        cxn.client.load_host_keys(files[0])  # so accepted keys are saved there
+        cxn.client.set_missing_host_key_policy(_AcceptNew(files[0]))
     else:
         cxn.client.set_missing_host_key_policy(_Reject())
     if hasattr(cxn.gateway, "client"):
-        harden(cxn.gateway, accept_new)
+        _prepare(cxn.gateway, timeout, accept_new)
+
+
+def harden(cxn, accept_new=False, timeout=DEFAULT_TIMEOUT):
+    """Replace Fabric's accept-anything policy on cxn and its gateways (kept for callers)."""
+    _prepare(cxn, timeout, accept_new)
+
+
+def connect_timeout(cxn, timeout=None):
+    """The timeout in force for cxn: the caller's, `fab -t`, ssh_config, Fabric's config, 10."""
+    return float(timeout or cxn.connect_kwargs.get("timeout") or cxn.connect_timeout or DEFAULT_TIMEOUT)
 
 
 def _describe(cxn):
     return f"{cxn.user}@{cxn.host}:{cxn.port}"
+
+
+def _socket_errors(e):
+    """The OSErrors behind paramiko's NoValidConnectionsError (one per address tried)."""
+    return list(getattr(e, "errors", {}).values()) or [e]
+
+
+def _seconds(t):
+    return f"{t:g} s"
 
 
 def open_connection(name, config, *, timeout=None, accept_new=False):
@@ -69,35 +133,53 @@ def open_connection(name, config, *, timeout=None, accept_new=False):
     from fabric import Connection
 
     cxn = Connection(name, config=config)
-    timeout = timeout or cxn.connect_timeout or DEFAULT_TIMEOUT
-    cxn.connect_timeout = timeout
-    cxn.connect_kwargs.pop("timeout", None)
-    cxn.connect_kwargs.setdefault("banner_timeout", timeout)
-    cxn.connect_kwargs.setdefault("auth_timeout", timeout)
-    harden(cxn, accept_new)
+    timeout = connect_timeout(cxn, timeout)
+    _prepare(cxn, timeout, accept_new)
 
     @retry(retry=retry_if_exception_type(_Transient), reraise=True,
            stop=stop_after_delay(RETRY_BUDGET_S) | stop_after_attempt(4),
            wait=wait_fixed(0.5) + wait_random(0, 0.5))
     def attempt():
+        t0 = time.monotonic()
         try:
             cxn.open()
-        except (paramiko.ssh_exception.NoValidConnectionsError, ConnectionResetError,
-                ConnectionRefusedError, EOFError) as e:
+        except paramiko.ssh_exception.NoValidConnectionsError as e:
             cxn.client.close()
+            errs = _socket_errors(e)
+            text = "; ".join(sorted({x.strerror or str(x) for x in errs}))
+            if any(getattr(x, "errno", None) in TRANSIENT_ERRNOS for x in errs):
+                raise _Transient(text) from e
+            raise HostUnreachable(f"cannot connect to {_describe(cxn)}: {text}") from None
+        except (ConnectionResetError, ConnectionRefusedError, EOFError) as e:
+            cxn.client.close()
+            raise _Transient(str(e) or type(e).__name__) from e
+        except paramiko.SSHException as e:
+            # A handshake that failed fast is sshd dropping us (MaxStartups, restart):
+            # retry. One that took the whole timeout is a host that never answered.
+            cxn.client.close()
+            if isinstance(e, (UnknownHostKey, paramiko.BadHostKeyException,
+                              paramiko.AuthenticationException)):
+                raise
+            if time.monotonic() - t0 >= 0.9 * timeout:
+                raise socket.timeout() from e
             raise _Transient(str(e) or type(e).__name__) from e
 
     try:
         attempt()
+    except HostUnreachable:
+        raise
     except _Transient as e:
-        raise HostUnreachable(f"cannot connect to {_describe(cxn)}: {e}") from None
+        raise HostUnreachable(f"cannot connect to {_describe(cxn)}: {e} "
+                              f"(retried for up to {RETRY_BUDGET_S} s)") from None
     except UnknownHostKey as e:
+        known = _known_hosts_files(cxn.ssh_config)
+        host, _, port = e.hostname.strip("[").partition("]:")
         raise HostUnreachable(
-            f"host key of {e.hostname} is not in known_hosts ({', '.join(_known_hosts_files(cxn.ssh_config))}); "
-            f"nothing was run there. Verify the key, then trust it with "
-            f"`ssh-keyscan -p {cxn.port} {cxn.host} >> ~/.ssh/known_hosts`, or set "
-            f"`StrictHostKeyChecking accept-new` for this host in your ssh config"
-        ) from None
+            f"unknown host key for {e.hostname} (not in {', '.join(known)}): nothing was run there",
+            details=[f"its key: {e.key.get_name()} {e.key.fingerprint}",
+                     f"verify it, then trust it: ssh-keyscan{' -p ' + port if port else ''} {host} >> {known[0]}",
+                     "or pass --accept-new-host-keys, or set `StrictHostKeyChecking accept-new` "
+                     "for this host in your ssh config"]) from None
     except paramiko.BadHostKeyException as e:
         raise HostUnreachable(
             f"host key of {e.hostname} does NOT match known_hosts: possible man-in-the-middle; "
@@ -106,8 +188,9 @@ def open_connection(name, config, *, timeout=None, accept_new=False):
     except paramiko.AuthenticationException as e:
         raise HostUnreachable(f"authentication to {_describe(cxn)} failed: {e}; check User/IdentityFile "
                               "in your ssh config, or pass -i KEY") from None
-    except (socket.timeout, TimeoutError) as e:
-        raise HostUnreachable(f"connecting to {_describe(cxn)} timed out after {timeout} s") from None
+    except (socket.timeout, TimeoutError):
+        raise HostUnreachable(f"{_describe(cxn)} did not answer within {_seconds(timeout)} (connect timeout)",
+                              details=["a longer wait: fab -t N, or ConnectTimeout in your ssh config"]) from None
     except (paramiko.SSHException, OSError) as e:
         raise HostUnreachable(f"cannot connect to {_describe(cxn)}: {e}") from None
     return cxn
