@@ -59,11 +59,14 @@ def parse_opts(opts):
 
 
 class Printer:
-    """Writes log lines: host prefix with several hosts, red fatal lines on a terminal."""
+    """Writes log lines: host prefix with several hosts, red fatal lines on a terminal.
 
-    def __init__(self, reporter, host, multi, rx=None):
+    When the reader goes away (`fab tail-log -f | head`), following stops quietly.
+    """
+
+    def __init__(self, reporter, host, multi, stop, rx=None):
         self.reporter, self.label, self.rx = reporter, host if multi else "", rx
-        self.host = host
+        self.host, self.stop = host, stop
         self.color = reporter.stream.isatty()
         self.count = 0
 
@@ -73,7 +76,12 @@ class Printer:
                 continue
             if self.color and is_fatal(line):
                 line = f"{RED}{line}{RESET}"
-            self.reporter.line(self.label, line)
+            try:
+                self.reporter.line(self.label, line)
+            except BrokenPipeError:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                self.stop.set()
+                return
             self.count += 1
 
     def note(self, text):
@@ -132,7 +140,7 @@ def follow(host, ddir, release, offset, stop, printer, asm):
 def tail_host(host, reporter, ddir, opts, stop, multi):
     lines, rx, release = parse_opts(opts)
     host.start()
-    printer = Printer(reporter, host.name, multi)
+    printer = Printer(reporter, host.name, multi, stop)
     try:
         r = host.call("log_tail", deploy_dir=ddir, release=release, lines=lines,
                       grep=opts.get("grep") or None, timeout=120)
@@ -149,7 +157,7 @@ def tail_host(host, reporter, ddir, opts, stop, multi):
         printer.note("(older lines cut: the selection exceeds 4 MiB)")
     asm = LineAssembler()
     printer.show(asm.feed(base64.b64decode(r["data"])))
-    if not opts.get("follow"):
+    if not opts.get("follow") or stop.is_set():
         partial = base64.b64decode(r["partial"])
         if partial:  # a line still being written: shown as it is so far
             printer.show(LineAssembler().feed(partial + b"\n"))

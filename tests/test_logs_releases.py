@@ -6,10 +6,18 @@ against real sshd hosts (tests/lab.py) with a tiny `engine = "command"` server.
 """
 import base64
 import io
+import json
 import os
 import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
+from lab import REPO, wait_for
 
 from tasks.history import describe_end, previous_release, rows, stamp_time, table_lines
 from tasks.hostside import logs as hlogs
@@ -86,7 +94,7 @@ class _Tty(io.StringIO):
 def test_fatal_lines_are_red_on_a_terminal_only_and_hosts_prefix_with_several(stream, multi):
     from tasks.logs import Printer
     from tasks.report import Reporter
-    printer = Printer(Reporter(["h1", "h2"], stream=stream), "h1", multi)
+    printer = Printer(Reporter(["h1", "h2"], stream=stream), "h1", multi, threading.Event())
     printer.show(["INFO fine", "RuntimeError: Engine core initialization failed. See root cause"])
     out = stream.getvalue().splitlines()
     if multi:
@@ -243,16 +251,6 @@ def test_saved_profile_gives_the_old_releases_readiness_settings(tmp_path):
 
 
 # -- end to end, against real sshd hosts (tests/lab.py) ----------------------------------
-import json  # noqa: E402
-import signal  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from lab import REPO, wait_for  # noqa: E402
-
 HOST_PYTHON = "/usr/bin/python3"
 
 # A tiny `engine = "command"` server. Every byte it puts on stdout (server.log) it also
