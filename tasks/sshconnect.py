@@ -85,10 +85,12 @@ def _known_hosts_files(ssh_config):
 
 def _prepare(cxn, timeout, accept_new):
     """Timeouts and host-key policy on cxn and on each of its ProxyJump gateways."""
-    cxn.connect_kwargs.pop("timeout", None)  # `fab -t`: applied through connect_timeout
+    # A copy: connect_kwargs may be the config's own dict, shared by every host's thread.
+    kwargs = dict(cxn.connect_kwargs)
+    kwargs.pop("timeout", None)  # `fab -t`: applied through connect_timeout instead
+    kwargs.update(banner_timeout=timeout, auth_timeout=timeout)
+    cxn.connect_kwargs = kwargs
     cxn.connect_timeout = timeout
-    cxn.connect_kwargs["banner_timeout"] = timeout
-    cxn.connect_kwargs["auth_timeout"] = timeout
     strict = str(cxn.ssh_config.get("stricthostkeychecking", "yes")).lower()
     files = _known_hosts_files(cxn.ssh_config)
     for f in _files(cxn.ssh_config, "globalknownhostsfile", "/etc/ssh/ssh_known_hosts"):

@@ -17,13 +17,26 @@ KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA
 REAPER_WAIT_S = 2.0
 
 
+def _mount_ns(pid="self"):
+    try:
+        return os.stat("/proc/%s/ns/mnt" % pid).st_ino
+    except OSError:
+        return None
+
+
 def marked(ddir):
-    """Live pids whose environment says they belong to a release under ddir."""
+    """Live pids whose environment says they belong to a release under ddir.
+
+    Only processes that see this agent's filesystem: the same path in another mount
+    namespace (a container sharing the PID namespace) is another deployment.
+    """
     prefix = MARKER + os.path.join(ddir, "releases").encode() + b"/"
-    me = os.getpid()
+    me, mnt = os.getpid(), _mount_ns()
     out = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
+            continue
+        if mnt is not None and _mount_ns(name) != mnt:
             continue
         try:
             with open("/proc/%s/environ" % name, "rb") as f:
