@@ -102,6 +102,9 @@ def port_in_use(host, port):
     if not listening:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         s = socket.socket(family, socket.SOCK_STREAM)
+        # Servers set SO_REUSEADDR too: connections of a just-stopped server lingering
+        # in TIME_WAIT must not make a free port look taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
             return None
