@@ -93,10 +93,10 @@ def test_args_and_env_arrive_byte_for_byte_and_no_shell_ever_runs(lab, hosts, va
     values = [v.format(canary=canary) if "{canary}" in v else v for v in NASTY] + values
     args = {f"a{i}": v for i, v in enumerate(values)}
     env = {f"LLMFAB_E{i}": v for i, v in enumerate(values)}
-    prof = recorder_profile(lab, "bytes", args, env, 30952)
+    prof = recorder_profile(lab, "argv-bytes", args, env, 30952)
     r = lab.fab("deploy", profile=prof)
     assert r.returncode == 0, r.stdout + r.stderr
-    record = json.loads((release_dir(lab, "h1", "bytes") / "record.json").read_text())
+    record = json.loads((release_dir(lab, "h1", "argv-bytes") / "record.json").read_text())
     argv = [bytes.fromhex(a) for a in record["argv"]]
     expected = [b"record_server.py"]
     for k, v in args.items():
