@@ -47,8 +47,12 @@ def host_kwargs(c, profile, opts, python=None):
                 accept_new_host_keys=bool(opts.get("accept_new_host_keys")))
 
 
-def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python=None):
-    """Run op(host, reporter) -> HostResult on every host; exit with the worst code."""
+def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python=None,
+             on_interrupt=None):
+    """Run op(host, reporter) -> HostResult on every host; exit with the worst code.
+
+    `on_interrupt()`: [(host, line)] printed on Ctrl-C before the general note (e.g. which
+    release keeps running where)."""
     from .fanout import run_all, summarize, worst
     from .report import Reporter
 
@@ -58,6 +62,8 @@ def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python
         results = run_all(hosts, lambda h: op(h, reporter), parallel=int(opts.get("parallel") or 32),
                           reporter=reporter, host_kwargs=host_kwargs(c, profile, opts, python))
     except KeyboardInterrupt:
+        for host, text in (on_interrupt() if on_interrupt else ()):
+            reporter.line(host, text)
         reporter.line("", INTERRUPT_NOTE)
         if len(hosts) > 1:
             sys.stdout.flush()

@@ -35,13 +35,19 @@ def deploy(c, opts):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     json_mode = opts.get("json")
+    launched = opts["launched"] = {}  # host -> server record, filled by deploy_host
 
     def op(host, reporter):
         res = deploy_host(host, profile, opts, reporter)
         if json_mode:
             reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
         return res
-    run_task(c, profile, op, opts, title="deploy", json_mode=json_mode)
+
+    def still_running():
+        from .wait import fab_hint
+        return [(h, f"interrupted: release {s['release']} (pid {s['pid']}) keeps running; stop "
+                    f"it with `{fab_hint(profile, 'stop')}`") for h, s in list(launched.items())]
+    run_task(c, profile, op, opts, title="deploy", json_mode=json_mode, on_interrupt=still_running)
 
 
 def check(c, opts):
@@ -104,6 +110,18 @@ def _duration(seconds):
     return (f"{d}d{h:02d}h" if d else f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s")
 
 
+def _fatal_line(host, ddir, release):
+    """(line, reason) of the first fatal line in the last 400 lines of the release's log, or None."""
+    import base64
+    from .logscan import LogScanner
+    from .transport import AgentError
+    try:
+        tail = host.call("log_tail", deploy_dir=ddir, release=release, lines=400)
+    except AgentError:
+        return None
+    return LogScanner().feed(base64.b64decode(tail["data"]).decode("utf-8", "replace"))
+
+
 def status(c, opts):
     from .deploy import deploy_dir
     from .gpuwait import profile_devices
@@ -120,6 +138,7 @@ def status(c, opts):
                   "health": None, "served_name": None, "gpus": None, "spec": None,
                   "generation_tokens_per_s": None}
         record["uptime_s"] = _uptime(server, st) if st["alive"] else None
+        record.update(exit=None, fatal=None)  # how and why a stopped server ended (below)
         gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile_devices(profile))
         record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
                           for g in (gpus["gpus"] or [])] or None
@@ -138,8 +157,6 @@ def status(c, opts):
             record["spec"], record["generation_tokens_per_s"] = m["spec"], m["generation_tokens_per_s"]
             spec_lines = m["lines"]
         healthy = st["alive"] and record["health"] == 200
-        if json_mode:
-            reporter.emit_json(record)
         if st["alive"]:
             reporter.line(host.name, f"running: release {record['release']}, pid {record['pid']}, "
                                      f"up {_duration(record['uptime_s'])}, "
@@ -149,8 +166,14 @@ def status(c, opts):
             ex = st.get("exit") or {}
             how = f"exited with status {ex['returncode']} at {ex['ended_at']}" if ex else "not running"
             reporter.line(host.name, f"not running: release {record['release']} {how}")
+            fatal = _fatal_line(host, ddir, server["release"])
+            record.update(exit=ex or None, fatal=fatal and fatal[0])
+            if fatal:  # why it died: an engine crash can exit 0, so the log says more than the code
+                reporter.line(host.name, f"  why: {fatal[1]}: {fatal[0].strip()}")
         else:
             reporter.line(host.name, "not deployed")
+        if json_mode:
+            reporter.emit_json(record)
         for g in record["gpus"] or []:
             reporter.line(host.name, f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB")
         reporter.lines(host.name, ["  " + t for t in spec_lines])

@@ -46,7 +46,7 @@ def preflight_request(profile: Profile):
         engine=s.engine,
         argv0=s.command[0] if s.engine == "command" and s.command else None,
         paths=model_paths(profile),
-        host=s.host, port=s.port,
+        host=s.host, port=s.port, deploy_dir=deploy_dir(profile),
         nvidia_smi=profile.gpu.nvidia_smi,
         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
         min_free_mib=profile.gpu.min_free_mib,
@@ -176,15 +176,21 @@ def deploy_host(host, profile, opts, reporter):
         reporter.line(name, "connection re-opened; still waiting")
         take_lock(host, ddir, "deploy")
 
+    launched = opts.get("launched", {})  # what Ctrl-C leaves running (tasks/commands.py)
+    launched[name] = server
     try:
         facts = wait_ready(host, profile, ddir, server, reporter, timeout=opts.get("timeout"),
                            on_reconnect=relock)
-    except NotReadyInTime:
-        if opts.get("stop_on_timeout"):
-            reporter.line(name, "--stop-on-timeout: stopping the server")
-            call_resilient(host, "stop", deploy_dir=ddir, grace=30, timeout=90)
-        raise
+    except NotReadyInTime as e:
+        if not opts.get("stop_on_timeout"):
+            raise
+        reporter.line(name, "--stop-on-timeout: stopping the server")
+        call_resilient(host, "stop", deploy_dir=ddir, grace=30, timeout=90)
+        launched.pop(name, None)
+        raise NotReadyInTime(f"{e.what}; stopped it (--stop-on-timeout); its log stays in "
+                             f"release {server['release']}", details=e.details) from None
     except OperationFailed:
+        launched.pop(name, None)
         # A server that failed is of no use; free its GPUs. Its log stays in the release.
         try:
             call_resilient(host, "stop", deploy_dir=ddir, grace=10, timeout=60, budget=10)

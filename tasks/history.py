@@ -190,6 +190,8 @@ def rollback_host(host, profile, opts, reporter):
     if old is profile:
         reporter.line(name, f"note: {prev}/profile.toml unreadable; readiness settings come "
                             f"from {profile.path.name}")
+    # Hints such as `fab stop --profile ...` must name the user's file, not a temporary copy.
+    old = dataclasses.replace(old, path=profile.path)
     reporter.line(name, f"rolling back from {current} to {prev}")
     stop_running(host, ddir, reporter)
     launched = host.call("relaunch", deploy_dir=ddir, release=prev,

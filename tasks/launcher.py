@@ -16,7 +16,7 @@ from .model import Profile
 
 TEMPLATE = '''\
 #!/usr/bin/env python3
-"""llmfab launcher: deployment {name!r}, profile {profile_name} (sha256 {digest}).
+"""llmfab launcher: deployment {name}, profile {profile_name} (sha256 {digest}).
 
 Rerun by hand from anywhere:  <python> {{this file}}
 It starts the server detached (own session and process group), appends its output
@@ -138,11 +138,18 @@ def _literal(value):
     return "[\n" + "".join(f"    {v!r},\n" for v in value) + "]"
 
 
+def _in_docstring(text):
+    """`text` made safe inside the launcher's docstring. A profile file named with three
+    double quotes followed by Python code must not end the docstring and run on the host:
+    JSON escapes quotes, backslashes, control and non-ASCII characters; plain names stay as written."""
+    return json.dumps(text)[1:-1]
+
+
 def render_launcher(profile: Profile) -> str:
     """The text of launch.py for this profile. Deterministic: golden-tested."""
     return TEMPLATE.format(
-        name=profile.target.name,
-        profile_name=profile.path.name,
+        name="'%s'" % _in_docstring(profile.target.name),
+        profile_name=_in_docstring(profile.path.name),
         digest=profile.digest[:12],
         argv=_literal(server_argv(profile)),
         env=_literal(profile.plain_env()),

@@ -237,6 +237,8 @@ class Host:
             self._sftp.chmod(path, mode)
         except (OSError, EOFError) as e:
             text = getattr(e, "strerror", None) or str(e) or type(e).__name__
-            if "Failure" in text or getattr(e, "errno", None) == 28:
+            # A full disk reaches SFTP as a bare "Failure", or (pipelined writes) as a file
+            # shorter than sent: paramiko's "size mismatch in put!".
+            if "Failure" in text or "size mismatch" in text or getattr(e, "errno", None) == 28:
                 text += " (is the disk full?)"
             raise OperationFailed(f"could not write {path}: {text}") from e

@@ -6,6 +6,7 @@ tick is one agent request on the open channel (no new remote command). A dropped
 connection is re-opened (bounded) and the wait goes on from the same log offset;
 nothing is relaunched.
 """
+import shlex
 import time
 
 from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
@@ -102,7 +103,16 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
             with attempt:
                 return tick()
     except RetryError:
-        raise NotReadyInTime(
-            f"server not ready after {timeout:.0f} s (last phase: {scanner.phase}); it is still "
-            f"running. Watch it with `fab tail-log --follow`, stop it with `fab stop`",
-            details=scanner.tail(20)) from None
+        what = f"server not ready after {timeout:.0f} s (last phase: {scanner.phase})"
+        err = NotReadyInTime(
+            f"{what}; release {server['release']} (pid {server['pid']}) is still running. Watch "
+            f"it with `{fab_hint(profile, 'tail-log --follow')}`, stop it with "
+            f"`{fab_hint(profile, 'stop')}`",
+            details=scanner.tail(20))
+        err.what = what  # without the "still running" part, for callers that stop it
+        raise err from None
+
+
+def fab_hint(profile, task):
+    """The exact `fab TASK` for this profile (a bare `fab stop` would use the default one)."""
+    return f"fab {task} --profile {shlex.quote(str(profile.path))}"

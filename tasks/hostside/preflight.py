@@ -9,8 +9,10 @@ import shutil
 import sys
 
 from . import gpu, modelcheck, probe
+from .common import group_members
 
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
+MIN_DISK_FREE_MIB = 16  # below this a release, let alone its log, may not fit
 
 
 def _rec(check, status, message):
@@ -60,7 +62,11 @@ def check_paths(paths):
 def check_port(host, port, owner_pgid=None):
     if owner_pgid:
         holders = probe.port_holders(port)
-        if holders and all(_pgid(h["pid"]) == owner_pgid for h in holders):
+        # A server still loading (vLLM) has bound its port without listening yet, and such a
+        # socket is in no /proc/net table: while the running release's group is alive and
+        # nobody else listens, the port is taken to be its own (it is stopped first).
+        if all(_pgid(h["pid"]) == owner_pgid for h in holders) \
+                and (holders or group_members(owner_pgid)):
             return _rec("port", "OK", "port %d is held by the running release, which is stopped "
                         "before the new one starts" % port)
     holder = probe.port_in_use(host, port)
@@ -75,6 +81,23 @@ def _pgid(pid):
         return os.getpgid(pid)
     except OSError:
         return None
+
+
+def check_disk(deploy_dir, min_free_mib=MIN_DISK_FREE_MIB):
+    """Free space where the release will be written (its nearest existing ancestor)."""
+    path = os.path.abspath(os.path.expanduser(deploy_dir))
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        st = os.statvfs(path)
+    except OSError as e:
+        return _rec("disk", "FAIL", "cannot read free space at %s: %s" % (path, e.strerror))
+    free = st.f_bavail * st.f_frsize / 2 ** 20
+    msg = "%.0f MiB free at %s" % (free, path)
+    if free < min_free_mib:
+        return _rec("disk", "FAIL", msg + " (disk full?): a release and its log need at least %d "
+                    "MiB; free some space there or choose another target.workdir" % min_free_mib)
+    return _rec("disk", "OK", msg)
 
 
 def check_gpus(nvidia_smi, devices, min_free):
@@ -105,6 +128,8 @@ def run(req):
     checks += check_paths(req.get("paths", []))
     checks += modelcheck.run(req.get("models"))
     checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
+    if req.get("deploy_dir"):
+        checks.append(check_disk(req["deploy_dir"]))
     checks += check_gpus(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"), req.get("min_free_mib", 0))
     return checks
 
