@@ -42,8 +42,7 @@ def served_models(port, path, host="127.0.0.1"):
         return None
 
 
-def _sockets(port, states):
-    """Inodes of TCP sockets whose local port is `port` and state is in `states` (hex)."""
+def _listening_inodes(port):
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -52,27 +51,11 @@ def _sockets(port, states):
                 for line in f:
                     parts = line.split()
                     local, state, inode = parts[1], parts[3], parts[9]
-                    if state in states and int(local.rsplit(":", 1)[1], 16) == port:
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
                         inodes.add(inode)
         except (OSError, StopIteration):
             continue
     return inodes
-
-
-def _listening_inodes(port):
-    return _sockets(port, ("0A",))
-
-
-def _bindable_with_reuse(family, host, port):
-    s = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((host, port))
-        return True
-    except OSError:
-        return False
-    finally:
-        s.close()
 
 
 def port_holders(port):
@@ -110,10 +93,6 @@ def port_in_use(host, port):
             return None
         except OSError as e:
             if e.errno == errno.EADDRINUSE:  # bound, not listening: in no /proc/net table
-                # ...or only closed connections of an earlier server in TIME_WAIT (06), which
-                # servers bind through with SO_REUSEADDR, as we do here to tell them apart.
-                if _sockets(port, ("06",)) and _bindable_with_reuse(family, host, port):
-                    return None
                 return "a process that bound it without listening (a server still starting?)"
             return "cannot bind %s:%d: %s" % (host, port, e.strerror)
         finally:
