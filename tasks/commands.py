@@ -34,11 +34,19 @@ def deploy(c, opts):
         except BrokenPipeError:  # `fab deploy --dry-run | head`
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
+    if profile.cluster is not None:  # one head; the workers come from the profile (tasks/cluster.py)
+        from .boundary import hosts_for
+        from .cluster import check_hosts
+        check_hosts(hosts_for(c, profile), profile)
     json_mode = opts.get("json")
     launched = opts["launched"] = {}  # host -> server record, filled by deploy_host
 
     def op(host, reporter):
-        res = deploy_host(host, profile, opts, reporter)
+        if profile.cluster is not None:  # the head of a Ray cluster (tasks/cluster.py)
+            from .cluster import deploy_head
+            res = deploy_head(host, profile, opts, reporter)
+        else:
+            res = deploy_host(host, profile, opts, reporter)
         if json_mode:
             reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
         return res
@@ -79,6 +87,9 @@ def stop(c, opts):
         host.start()
         take_lock(host, ddir, "stop")
         res = stop_deployment(host, ddir, reporter, grace=grace)
+        if profile.cluster is not None:  # then Ray on every node (tasks/cluster.py)
+            from .cluster import stop_cluster
+            stop_cluster(host, profile, reporter, ddir=ddir, grace=grace)
         if res["already_stopped"]:
             release = (res["server"] or {}).get("release")
             reporter.line(host.name, f"not running (release {release}): nothing to stop" if release
@@ -157,6 +168,11 @@ def status(c, opts):
             record["spec"], record["generation_tokens_per_s"] = m["spec"], m["generation_tokens_per_s"]
             spec_lines = m["lines"]
         healthy = st["alive"] and record["health"] == 200
+        cluster_lines = []
+        if profile.cluster is not None:  # the Ray cluster under the server (tasks/cluster.py)
+            from .cluster import cluster_status
+            record["cluster"], cluster_lines, cluster_ok = cluster_status(host, profile, ddir)
+            healthy = healthy and cluster_ok
         if st["alive"]:
             reporter.line(host.name, f"running: release {record['release']}, pid {record['pid']}, "
                                      f"up {_duration(record['uptime_s'])}, "
@@ -177,6 +193,7 @@ def status(c, opts):
         for g in record["gpus"] or []:
             reporter.line(host.name, f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB")
         reporter.lines(host.name, ["  " + t for t in spec_lines])
+        reporter.lines(host.name, cluster_lines)
         return HostResult(host.name, 0 if healthy else ExitCode.FAILED,
                           "healthy" if healthy else ("unhealthy" if st["alive"] else "not running"))
     run_task(c, profile, op, opts, title="status", json_mode=json_mode)

@@ -143,7 +143,7 @@ def stop_running(host, ddir, reporter, grace=30):
     return stop_deployment(host, ddir, reporter, grace=grace)
 
 
-def deploy_host(host, profile, opts, reporter):
+def deploy_host(host, profile, opts, reporter, before_launch=None):
     name = host.name
     ddir = deploy_dir(profile)
     hello = host.start()
@@ -159,6 +159,8 @@ def deploy_host(host, profile, opts, reporter):
     if running:
         reporter.line(name, f"release {state['current']} is running: stopping it first")
         stop_running(host, ddir, reporter)
+    if before_launch is not None:  # e.g. bring up the Ray cluster of a [cluster] profile (tasks/cluster.py)
+        before_launch()
     # What the GPUs hold without this server: `fab stop` waits until they are back to it.
     host.call("gpu_baseline", deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
               devices=profile_devices(profile), timeout=60)

@@ -20,7 +20,7 @@ from .errors import HostUnreachable, OperationFailed
 HOSTSIDE = Path(__file__).with_name("hostside")
 # Load order matters: a module's relative imports must already be loaded.
 HOST_MODULES = ("common", "gpu", "gpuprocs", "probe", "procs", "releases", "modelcheck", "preflight", "bench",
-                "logs", "history", "agent")
+                "logs", "history", "ray_node", "agent")
 
 # Read by the profile's Python on the host: the agent's sources arrive on stdin as one
 # JSON line; the modules are built in memory (nothing is written on the host).

@@ -17,7 +17,7 @@ import sys
 import threading
 import traceback
 
-from . import bench, gpu, gpuprocs, history, logs, preflight, probe, procs, releases
+from . import bench, gpu, gpuprocs, history, logs, preflight, probe, procs, ray_node, releases
 from .common import CONTEXT, HostError
 
 VERSION = 1
@@ -44,7 +44,7 @@ def _user():
 
 
 OPS = {"hello": op_hello}
-for _module in (releases, probe, gpu, gpuprocs, procs, preflight, logs, history, bench):
+for _module in (releases, probe, gpu, gpuprocs, procs, preflight, logs, history, bench, ray_node):
     OPS.update(getattr(_module, "OPS", {}))
 
 
