@@ -142,8 +142,8 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
         finally:
             stale[w.name].set()
         head_up.wait()
-        if shared["head"] is None:
-            return HostResult(w.name, ExitCode.FAILED, "not started: the Ray head did not start")
+        if shared["head"] is None:  # the head or another worker failed: that is the story
+            return HostResult(w.name, ExitCode.OK, "not started")
         rec = _call(w, "ray_start", role="worker", address=address, port=c.ray_port, **common)
         h = shared["head"]
         if (rec["ray"], rec["python"]) != (h["ray"], h["python"]):
@@ -162,17 +162,15 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
         stop_node(head, ddir, reporter, STALE_GRACE_S, quiet=True)
         for e in stale.values():
             e.wait()
-        if shared["failed"]:
-            raise OperationFailed("Ray cluster not started: worker(s) " + ", ".join(shared["failed"])
-                                  + " failed (see above)")
-        rec = _call(head, "ray_start", role="head", node_ip=head_ip, port=c.ray_port, **common)
-        shared["head"] = rec
-        reporter.line(head.name, f"ray head up at {address} ({rec['num_gpus']} GPU, Ray {rec['ray']}) in "
-                                 f"{rec['seconds']:.1f} s; log {rec['log']}")
+        if not shared["failed"]:
+            rec = shared["head"] = _call(head, "ray_start", role="head", node_ip=head_ip, port=c.ray_port,
+                                         **common)
+            reporter.line(head.name, f"ray head up at {address} ({rec['num_gpus']} GPU, Ray {rec['ray']}) "
+                                     f"in {rec['seconds']:.1f} s; log {rec['log']}")
     finally:
         head_up.set()
         fan.join()
-    _raise_worst(results, "Ray workers did not join")
+    _raise_worst(results, "Ray workers did not join" if shared["head"] else "Ray cluster not started")
     nodes = 1 + len(c.workers)
     gpus = sum(int(r.data["ray"]["num_gpus"] or 0) for r in results) + int(rec["num_gpus"] or 0)
     reporter.line(head.name, f"ray: waiting for {nodes} nodes and {gpus} GPUs")
