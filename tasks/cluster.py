@@ -129,11 +129,11 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
                   nvidia_smi=profile.gpu.nvidia_smi, wait=RAY_START_WAIT_S, timeout=RAY_START_WAIT_S + 30)
     stale = {w: threading.Event() for w in c.workers}
     head_up, shared = threading.Event(), {"failed": [], "head": None}
+    from .deploy import take_lock
 
     def worker(w):
         try:  # phase 1, alongside the head's: no Ray of an earlier cluster may rejoin
             w.start()
-            from .deploy import take_lock
             take_lock(w, ddir, "deploy")
             stop_node(w, ddir, reporter, STALE_GRACE_S, quiet=True)
         except BaseException:
@@ -158,6 +158,7 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
         list(c.workers), worker, parallel=len(c.workers), reporter=reporter,
         host_kwargs=_worker_kwargs(head))), name="ray-workers", daemon=True)
     fan.start()
+    interrupted = False
     try:
         stop_node(head, ddir, reporter, STALE_GRACE_S, quiet=True)
         for e in stale.values():
@@ -167,9 +168,13 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
                                          **common)
             reporter.line(head.name, f"ray head up at {address} ({rec['num_gpus']} GPU, Ray {rec['ray']}) "
                                      f"in {rec['seconds']:.1f} s; log {rec['log']}")
+    except KeyboardInterrupt:
+        interrupted = True  # no join: a worker may sit in a `ray start` for minutes
+        raise
     finally:
         head_up.set()
-        fan.join()
+        if not interrupted:
+            fan.join()
     _raise_worst(results, "Ray workers did not join" if shared["head"] else "Ray cluster not started")
     nodes = 1 + len(c.workers)
     gpus = sum(int(r.data["ray"]["num_gpus"] or 0) for r in results) + int(rec["num_gpus"] or 0)

@@ -215,6 +215,13 @@ def test_three_node_ray_cluster_deploy_status_stop(make_lab):
     assert record["cluster"]["alive_nodes"] == 3 and record["cluster"]["gpus"] == 6
     assert "[h1] cluster: 3/3 Ray nodes alive, 6 GPUs" in st.stderr
 
+    # A redeploy stops the server, then every node's Ray, and brings a fresh cluster up.
+    first = release.resolve()
+    again = fab(lab, "deploy", profile=prof).stdout
+    for h in ("h1", "h2", "h3"):
+        assert f"[{h}] ray (an earlier one) stopped: " in again
+    assert release.resolve() != first and (release / "ray-seen.json").exists()
+
     for h in ("h1", "h2", "h3"):
         assert ray_processes(lab, h), f"no Ray process on {h} while deployed"
     stop = fab(lab, "stop", "--grace", "20", profile=prof)
