@@ -16,8 +16,6 @@ benchmark measures it: with speculative decoding one chunk may carry several tok
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 
 from .common import HostError
 from .probe import probe_host
@@ -29,6 +27,8 @@ SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 
 def _get(host, port, path, timeout=5.0, headers=None):
     """(status, text) or (None, error text). Never raises."""
+    import urllib.error  # here, not at the top: see probe.http_get
+    import urllib.request
     req = urllib.request.Request("http://%s:%d%s" % (host, port, path), headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -87,6 +87,8 @@ def _content(chunk):
 
 def one_request(url, body, headers, timeout):
     """Send one streamed request; return its sample (never raises)."""
+    import urllib.error  # here, not at the top: see probe.http_get
+    import urllib.request
     sample = {"ok": False, "error": None, "ttft_s": None, "itl_s": [], "output_tokens": 0,
               "latency_s": None, "usage": False}
     data = json.dumps(body).encode()

@@ -3,8 +3,6 @@ import errno
 import json
 import os
 import socket
-import urllib.error
-import urllib.request
 
 from . import gpu
 from .common import HostError, cmdline, expand, pid_alive, read_json
@@ -14,6 +12,10 @@ LOG_CHUNK = 256 * 1024
 
 def http_get(port, path, host="127.0.0.1", timeout=2.0):
     """(status, body bytes) or (None, error text). Never raises."""
+    # Imported here, not at the top: urllib.request pulls in http.client, email and ssl
+    # (~25 ms), which an agent that never probes HTTP (deploy --no-wait, stop) skips.
+    import urllib.error
+    import urllib.request
     url = "http://%s:%d%s" % (host, port, path)
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
