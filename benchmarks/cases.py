@@ -1,0 +1,285 @@
+"""The benchmark cases of issue 8, run against a tests/lab.py HostLab (see benchmarks/run.py).
+
+Every timed run is a whole process, timed from spawn to exit, after an untimed
+clean-up (the previous run's servers killed by pid). Around each run it also
+reads, per host, what sshd logged (connections, remote commands) and the CPU
+that host spent on the run (the sshd listener's reaped children: shells,
+agents, sftp-server, nvidia-smi, launchers -- not the detached server), so the
+tables show where the time goes on a 2-core machine that also plays every host.
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from lab import wait_for
+from measure import count_sshd
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PY = sys.executable
+HOST_PY = "/usr/bin/python3"  # every case launches with it (the lab's `python3` is a pyenv shim)
+PID_DIR = "llmfab-bench-pids"  # in each host's home; see tiny_server.py
+LAUNCH_PORT = 18990
+READY_PORT = 18991
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+def _start_time(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rindex(b")") + 2:].split()[19])
+
+
+class CpuGroups:
+    """CPU accounting by cgroup v1 cpuacct: one group per lab host (its sshd listener moved
+    in, so every process a session starts is counted, detached ones too) and one for the
+    client tool. `usage(name)` is in seconds. Unavailable (e.g. no writable cpuacct
+    hierarchy): `ok` is False and usage() returns None."""
+
+    ROOT = Path("/sys/fs/cgroup/cpuacct")
+
+    def __init__(self, prefix):
+        self.prefix = prefix
+        self.made = []
+        self.ok = (self.ROOT / "cpuacct.usage").exists() and os.access(self.ROOT, os.W_OK)
+
+    def path(self, name):
+        return self.ROOT / ("%s-%s" % (self.prefix, name))
+
+    def make(self, name):
+        if not self.ok:
+            return
+        try:
+            p = self.path(name)
+            if not p.exists():
+                p.mkdir()
+                self.made.append(p)
+        except OSError:
+            self.ok = False
+
+    def add(self, name, pid):
+        self.make(name)
+        if self.ok:
+            (self.path(name) / "cgroup.procs").write_text(str(pid))
+
+    def usage(self, name):
+        if not self.ok:
+            return None
+        return int((self.path(name) / "cpuacct.usage").read_text()) / 1e9
+
+    def remove_all(self):
+        """After the lab is gone (groups must be empty to go)."""
+        for p in self.made:
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+
+
+class Bench:
+    def __init__(self, lab, work, seed=8):
+        self.lab = lab
+        self.work = Path(work)
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.cfg = str(lab.ssh_config)
+        self.rng = random.Random(seed)
+        self.nonce = 0
+        self.cpu = CpuGroups("llmfab-bench-%d" % lab.slot)
+        for h in lab.hosts:
+            self.cpu.add(h, lab.sshd_pid(h))
+        self.cpu.make("client")
+        shutil.copy2(HERE / "tiny_server.py", lab.root / "tiny_server.py")
+        for h in lab.hosts:  # the ssh one-liner's pre-placed x.py (as in the issue)
+            shutil.copy2(HERE / "tiny_server.py", lab.home(h) / "x.py")
+        self.launch_profile = self._write_profile("bench.toml", [
+            "[target]", 'name = "bench"',
+            "[server]", 'engine = "command"', 'python = "%s"' % HOST_PY,
+            "command = %s" % json.dumps([HOST_PY, str(lab.root / "tiny_server.py")]),
+            'host = "127.0.0.1"', "port = %d" % LAUNCH_PORT,
+            "[ready]", 'models_path = ""'])
+
+    def _write_profile(self, name, lines):
+        path = self.work / name
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    # -- around every run ----------------------------------------------------------------
+    def fresh_launcher(self):
+        """tiny_server.py plus a nonce line: a new file each run, so no tool can skip the copy."""
+        self.nonce += 1
+        path = self.work / "launchers" / ("x-%d.py" % self.nonce)
+        path.parent.mkdir(exist_ok=True)
+        path.write_text((HERE / "tiny_server.py").read_text() + "# run %d\n" % self.nonce)
+        return path
+
+    def cleanup(self, hosts):
+        """Kill every tiny server still recorded on `hosts` (by pid, start time checked)."""
+        victims = []
+        for h in hosts:
+            pid_dir = self.lab.home(h) / PID_DIR
+            for rec in pid_dir.glob("[0-9]*") if pid_dir.is_dir() else ():
+                pid = int(rec.name)
+                try:
+                    start = int(rec.read_text() or -1)
+                except (OSError, ValueError):
+                    start = -1
+                if _start_time(pid) == start:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        victims.append((pid, start))
+                    except ProcessLookupError:
+                        pass
+                rec.unlink(missing_ok=True)
+        wait_for(lambda: all(_start_time(p) != s or _zombie(p) for p, s in victims), 20,
+                 "killed tiny servers to go")
+
+    def launched_on(self, hosts):
+        return [h for h in hosts if any((self.lab.home(h) / PID_DIR).glob("[0-9]*"))]
+
+    def snapshot(self, hosts):
+        return {h: (self.lab._hosts[h].log.stat().st_size, self.cpu.usage(h)) for h in hosts}
+
+    def settle(self, hosts, before, timeout=30):
+        """After a run: wait until its sessions are gone, then per-host sshd counts and CPU."""
+        wait_for(lambda: not any(self.lab.session_sshd_pids(h) for h in hosts), timeout,
+                 "ssh sessions to close")
+        out = {}
+        for h in hosts:
+            offset, cpu = before[h]
+            with open(self.lab._hosts[h].log, "rb") as f:
+                f.seek(offset)
+                text = f.read().decode("utf-8", "replace")
+            now = self.cpu.usage(h)
+            out[h] = dict(count_sshd(text), host_cpu=None if cpu is None or now is None else now - cpu)
+        return out
+
+    def timed(self, argv, hosts, env=None, expect_launch=True, after=None):
+        """Run argv once (clean-up first, untimed): {"wall", "client_cpu", "per_host": {...}}."""
+        self.cleanup(hosts)
+        before = self.snapshot(hosts)
+        c0 = self.cpu.usage("client")
+        join = (lambda: self.cpu.add("client", os.getpid())) if self.cpu.ok else None
+        t0 = time.perf_counter()
+        r = subprocess.run([str(a) for a in argv], cwd=str(REPO), env=env, capture_output=True,
+                           text=True, errors="replace", timeout=300, preexec_fn=join)
+        wall = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise RunFailed("%s exited %d:\n%s\n%s" % (" ".join(map(str, argv[:4])), r.returncode,
+                                                       r.stdout[-2000:], r.stderr[-2000:]))
+        if after:
+            after()
+        if expect_launch:
+            wait_for(lambda: len(self.launched_on(hosts)) == len(hosts), 30,
+                     "the launched server on every host")
+        per_host = self.settle(hosts, before)
+        c1 = self.cpu.usage("client")
+        client = None if c0 is None or c1 is None else c1 - c0
+        return {"wall": wall, "client_cpu": client, "per_host": per_host}
+
+
+def _zombie(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            data = f.read()
+    except OSError:
+        return True
+    return data[data.rindex(b")") + 2:].split()[0] in (b"Z", b"X")
+
+
+class LineClock:
+    """Popen whose stdout lines are time-stamped (time.time()) as they arrive."""
+
+    def __init__(self, argv, env=None):
+        self.lines = []
+        self.proc = subprocess.Popen([str(a) for a in argv], cwd=str(REPO), env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for raw in self.proc.stdout:
+            self.lines.append((time.time(), raw.decode("utf-8", "replace").rstrip("\n")))
+
+    def wait(self, timeout=180):
+        code = self.proc.wait(timeout)
+        exited = time.time()
+        self._reader.join(10)
+        return code, exited
+
+    def first(self, needle):
+        return next((t for t, line in self.lines if needle in line), None)
+
+
+# -- case 1-3: launch a trivial server with each tool ------------------------------------
+SSH_KEX = "-o KexAlgorithms=curve25519-sha256"  # what paramiko negotiates: no PQ hybrid
+
+
+def tool_run(bench, tool, hosts, tools_ws=None, bins=None):
+    """One timed launch of tiny_server.py on `hosts` by `tool` (see TOOLS in run.py)."""
+    launcher = bench.fresh_launcher()
+    env = dict(os.environ)
+    after = None
+    if tool in ("ssh", "ssh-kex"):
+        argv = [HERE / "baseline_ssh.sh", bench.cfg, *hosts]
+        if tool == "ssh-kex":
+            env["BASELINE_SSH_OPTS"] = SSH_KEX
+    elif tool == "fabric":
+        argv = [PY, HERE / "baseline_fabric.py", bench.cfg, launcher, *hosts]
+    elif tool == "llmfab":
+        argv = [PY, "-m", "fabric", "-S", bench.cfg, "-H", ",".join(hosts), "deploy", "--no-wait",
+                "--profile", bench.launch_profile]
+    elif tool == "ansible":
+        env, extra, control_dir = tools_ws.ansible_env(launcher)
+        argv = tools_ws.ansible_argv(bins, hosts) + extra
+        after = lambda: close_masters(control_dir)  # noqa: E731
+    elif tool == "pyinfra":
+        argv = tools_ws.pyinfra_argv(bins, hosts)
+        env = tools_ws.pyinfra_env(launcher)
+    else:
+        raise ValueError(tool)
+    return bench.timed(argv, hosts, env=env, after=after)
+
+
+def close_masters(control_dir):
+    """End Ansible's ControlPersist masters of one run (`ssh -O exit` on each socket)."""
+    for sock in Path(control_dir).iterdir():
+        subprocess.run(["ssh", "-F", "/dev/null", "-o", "ControlPath=%s" % sock, "-O", "exit",
+                        "bench"], capture_output=True, timeout=10)
+
+
+def launch_case(bench, plan, reps, warmup=1, tools_ws=None, bins=None, log=print):
+    """plan: [(n_hosts, [tool, ...])]. Interleaved: each repetition runs every (n, tool) once,
+    the tool order rotating. Returns ({(n, tool): [run, ...]}, {(n, tool): error})."""
+    results = {(n, t): [] for n, tools in plan for t in tools}
+    failed = {}  # (n, tool) -> [error text]; a tool is dropped after 2 failures
+    for rep in range(-warmup, reps):
+        for n, tools in plan:
+            hosts = bench.lab.hosts[:n]
+            k = rep % len(tools)
+            for tool in tools[k:] + tools[:k]:
+                if len(failed.get((n, tool), ())) >= 2:
+                    continue
+                try:
+                    run = tool_run(bench, tool, hosts, tools_ws, bins)
+                except (RunFailed, TimeoutError, subprocess.TimeoutExpired) as e:
+                    failed.setdefault((n, tool), []).append(str(e).strip())
+                    log("  %s on %d host(s) FAILED (rep %d): %s" % (tool, n, rep, str(e)[-3000:]))
+                    continue
+                if rep >= 0:
+                    results[(n, tool)].append(run)
+                log("  rep %2d  %2d host(s)  %-8s %6.2f s%s" % (
+                    rep, n, tool, run["wall"], "  (warm-up)" if rep < 0 else ""))
+    return results, failed
