@@ -137,6 +137,13 @@ def test_parallel_bounds_how_many_hosts_run_at_once():
     assert [r.host for r in out] == names and peak[0] == 3
 
 
+def test_connect_timeout_from_ssh_config(lab, tmp_path):
+    cfg, _ = private_ssh_config(lab, tmp_path, "Host silent\n  ConnectTimeout 2\n\n")
+    t0 = time.monotonic()
+    r = ok(fab("-H", "silent", "check", ssh_config=cfg, profile=demo_profile(lab, "silent-cfg")), code=3)
+    assert "did not answer within 2 s" in r.stdout and time.monotonic() - t0 < 8
+
+
 def test_a_silent_host_fails_within_the_connect_timeout_while_others_finish(lab):
     prof = demo_profile(lab, "silent-mix")
     t0 = time.monotonic()

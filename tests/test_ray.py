@@ -15,7 +15,6 @@ any Ray process would start.
 """
 import fcntl
 import json
-import os
 import subprocess
 import time
 from pathlib import Path

@@ -8,8 +8,7 @@ Ray is started like the server: an argv (the profile's Python running
 group, no SIGHUP when the SSH session ends), stdin from /dev/null, output to ray.log.
 `--block` keeps that process as the node's supervisor: Ray's daemons are its children
 and die with it. Every process carries LLMFAB_RAY=<ray dir> so a stop also finds those
-that left the group (Ray's idle workers take their own process group).
-Standard library only; Python >= 3.9.
+that left the group (Ray's idle workers take their own). Stdlib only; Python >= 3.9.
 """
 import datetime
 import json
@@ -117,14 +116,12 @@ def op_ray_address(req):
         return {"ip": socket.gethostbyname(socket.gethostname())}
 
 
-def _count_gpus(req, env):
+def _count_gpus(req):
+    """Ray's --num-gpus: the caller's count, else nvidia-smi's, else None (Ray detects)."""
     if req.get("num_gpus") is not None:
         return int(req["num_gpus"])
     gpus = gpu.read_gpus(req.get("nvidia_smi") or "nvidia-smi")
-    if gpus is None:
-        return None  # let Ray detect them
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    return len(gpus) if visible is None else len([d for d in visible.split(",") if d.strip()])
+    return None if gpus is None else len(gpus)
 
 
 def op_ray_start(req):
@@ -144,7 +141,7 @@ def op_ray_start(req):
     env.update(DEFAULT_ENV)
     env.update(req.get("env") or {})
     env.update({"VLLM_HOST_IP": node_ip, MARKER: rdir})
-    num_gpus = _count_gpus(req, env)
+    num_gpus = _count_gpus(req)
     argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
             "--node-ip-address", node_ip, "--disable-usage-stats"]
     argv += ["--head", "--port", str(port), "--include-dashboard", "false"] if role == "head" \
