@@ -183,6 +183,7 @@ def test_a_head_without_ray_fails_naming_it_and_launches_nothing(lab):
 # -- a real Ray cluster -------------------------------------------------------------------
 
 @pytest.mark.ray
+@pytest.mark.timeout(900)  # a first run installs Ray (~30 s); 2 cores start 3 nodes twice
 def test_three_node_ray_cluster_deploy_status_stop(make_lab):
     py = ray_python()
     lab = make_lab(3)
