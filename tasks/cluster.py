@@ -16,8 +16,8 @@ then launches on the head with VLLM_HOST_IP and RAY_ADDRESS set (and, for vLLM,
 nodes that did start are left running for inspection; `fab stop` stops them.
 
 GPUs per node (Ray's --num-gpus): the gpu.devices count, else the CUDA_VISIBLE_DEVICES
-count of [server.env], else what the node's nvidia-smi lists (0 without nvidia-smi is
-left to Ray's own detection). Nodes are assumed alike, as vLLM assumes.
+count of [server.env], else what the node's nvidia-smi lists (without nvidia-smi, Ray
+detects them itself). Nodes are assumed alike, as vLLM assumes.
 
 stop: after the server, Ray on every node (workers, then the head). status: the
 head's view (nodes alive, GPUs); a node missing makes the deployment unhealthy.
