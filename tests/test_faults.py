@@ -81,7 +81,16 @@ class Background:
         code = self.proc.wait(timeout)
         for t in self._threads:
             t.join(5)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()  # an unclosed pipe is a ResourceWarning in some later test
         return code
+
+    def close(self):
+        """Kill it if still running (a failed test), and release the pipes."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        if not self.proc.stdout.closed:
+            self.finish(30)
 
     @property
     def text(self):
@@ -144,6 +153,7 @@ def test_deploy_survives_a_dropped_connection_during_the_wait_and_launches_once(
         assert float((lab.tmp(host) / f"{name}-ready").read_text()) > dropped_at
         launched_once(lab, host, name)
     finally:
+        run.close()
         fab(lab, "stop", "--grace", "5", profile=prof)
 
 
@@ -211,7 +221,7 @@ def test_engine_death_during_the_wait_fails_the_deploy_with_its_line(lab):
 def test_engine_death_after_ready_status_says_dead_and_why(lab):
     host, name = "h2", "fault-death"
     prof = vllm_profile(lab, name, host, 31005, {"STANDIN_FAIL": "engine_death",
-                                                  "STANDIN_DEATH_AFTER": "4"})
+                                                  "STANDIN_DEATH_AFTER": "6"})
     fab(lab, "deploy", profile=prof)
     server = server_record(lab, host, name)
 
@@ -247,6 +257,7 @@ def test_ctrl_c_during_the_wait_exits_130_keeps_the_server_and_frees_the_lock(la
         assert "fab stop" in run.text and "Traceback" not in run.text
         assert host_pid_alive(lab, host, server["pid"])
     finally:
+        run.close()
         t1 = time.monotonic()
         r = fab(lab, "stop", "--grace", "5", profile=prof)
     assert "locked" not in r.stdout and "stopped release" in r.stdout, r.stdout
@@ -301,13 +312,16 @@ def test_stale_lock_left_by_a_killed_deploy_does_not_block_the_next(lab):
                                                   "STANDIN_LOAD_SECONDS": "0.2"})
     lock = deployment(lab, host, name) / ".lock"
     run = Background(lab, "deploy", profile=slow)
-    run.wait_line("launched release")
-    holder = json.loads(lock.read_text())
-    # kill -9 both ends: the client and the host agent that holds the lock
-    run.proc.kill()
-    run.finish()
-    lab.exec(host, ["kill", "-9", str(holder["pid"])])
-    wait_for(lambda: not host_pid_alive(lab, host, holder["pid"]), 10, "the agent to die")
+    try:
+        run.wait_line("launched release")
+        holder = json.loads(lock.read_text())
+        # kill -9 both ends, neither getting a chance to clean up: freeze the client, kill
+        # the host agent holding the lock, then kill the client
+        run.proc.send_signal(signal.SIGSTOP)
+        lab.exec(host, ["kill", "-9", str(holder["pid"])], check=True)
+        wait_for(lambda: not host_pid_alive(lab, host, holder["pid"]), 10, "the agent to die")
+    finally:
+        run.close()
     assert json.loads(lock.read_text())["pid"] == holder["pid"]  # the lock file still names it
     ok = vllm_profile(lab, name, host, 31008)
     try:
