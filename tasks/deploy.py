@@ -162,8 +162,10 @@ def deploy_host(host, profile, opts, reporter, before_launch=None):
     if before_launch is not None:  # e.g. bring up the Ray cluster of a [cluster] profile (tasks/cluster.py)
         before_launch()
     # What the GPUs hold without this server: `fab stop` waits until they are back to it.
+    # Nothing stopped or started since preflight: its reading is it (no second nvidia-smi).
+    reuse_s = None if running or before_launch is not None else 2.0
     host.call("gpu_baseline", deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
-              devices=profile_devices(profile), timeout=60)
+              devices=profile_devices(profile), reuse_s=reuse_s, timeout=60)
     launched = host.call("launch", deploy_dir=ddir, release=rel["release"],
                          python=profile.server.interpreter, keep=profile.target.keep_releases)
     server = launched["server"]

@@ -1,12 +1,18 @@
-"""The agent's put_file op (tasks/hostside/releases.py), which Host.put uses for files up to
-transport.AGENT_PUT_MAX bytes so a deploy needs one remote command (no SFTP subsystem)."""
+"""Host ops that save a deploy work on the host (measured by benchmarks/run.py):
+
+- put_file (tasks/hostside/releases.py): Host.put sends files up to transport.AGENT_PUT_MAX
+  bytes on the agent's channel, so a deploy needs one remote command (no SFTP subsystem);
+- gpu_baseline's reuse_s (tasks/hostside/gpu.py): when nothing was stopped since preflight,
+  its nvidia-smi reading is the baseline (one nvidia-smi run per deploy, not two).
+"""
 import base64
+import json
 import os
 import stat
 
 import pytest
 
-from tasks.hostside import releases
+from tasks.hostside import gpu, releases
 from tasks.hostside.common import HostError
 
 
@@ -31,3 +37,33 @@ def test_put_file_error_names_the_path_and_the_reason(tmp_path):
     assert str(e.value) == f"could not write {missing}: No such file or directory"
     assert e.value.kind == "write_failed"
 
+
+
+@pytest.fixture
+def counting_smi(tmp_path):
+    """An nvidia-smi that answers --query-gpu and counts its runs in `runs`."""
+    runs = tmp_path / "runs"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho run >> %s\necho '0, GPU-0, NVIDIA H100, 4, 81559, 0'\n" % runs)
+    smi.chmod(0o755)
+    (tmp_path / "d" / "releases" / "r1").mkdir(parents=True)
+    return smi, runs
+
+
+def _baseline(tmp_path, smi, **req):
+    out = gpu.op_gpu_baseline(dict(deploy_dir=str(tmp_path / "d"), release="r1", nvidia_smi=str(smi), **req))
+    saved = json.loads((tmp_path / "d" / "releases" / "r1" / "gpu-baseline.json").read_text())
+    assert saved["gpus"] == out["gpus"]
+    return out
+
+
+def test_gpu_baseline_reuses_a_fresh_reading_only_when_asked(tmp_path, counting_smi):
+    smi, runs = counting_smi
+    gpus, err = gpu.query_gpus(str(smi))  # what preflight's GPU check does
+    assert err is None and gpus[0]["used_mib"] == 4
+    assert _baseline(tmp_path, smi, reuse_s=2.0)["gpus"] == gpus
+    assert runs.read_text().count("run") == 1  # no second nvidia-smi
+    _baseline(tmp_path, smi)  # a redeploy stopped something: read again
+    assert runs.read_text().count("run") == 2
+    _baseline(tmp_path, smi, reuse_s=1e-9)  # too old to reuse
+    assert runs.read_text().count("run") == 3

@@ -101,14 +101,19 @@ def available(nvidia_smi="nvidia-smi"):
     return shutil.which(nvidia_smi) is not None
 
 
+# The agent's latest reading per nvidia-smi path: (time.monotonic(), gpus, error).
+_LAST = {}
+
+
 def query_gpus(nvidia_smi="nvidia-smi"):
     """(gpus, None) or (None, why nvidia-smi cannot be read here)."""
     if not available(nvidia_smi):
-        return None, "%s not found on PATH" % nvidia_smi
-    text, err = _run(gpu_query(nvidia_smi))
-    if text is None:
-        return None, err
-    return parse_gpus(text), None
+        result = None, "%s not found on PATH" % nvidia_smi
+    else:
+        text, err = _run(gpu_query(nvidia_smi))
+        result = (None, err) if text is None else (parse_gpus(text), None)
+    _LAST[nvidia_smi] = (time.monotonic(),) + result
+    return result
 
 
 def read_gpus(nvidia_smi="nvidia-smi"):
@@ -144,9 +149,15 @@ def op_gpu_baseline(req):
     """Record every GPU's used memory in <release>/gpu-baseline.json just before a launch.
 
     `fab stop` later waits until the deployment's devices are back to these readings.
+    `reuse_s`: a reading this agent took at most that many seconds ago is used instead of
+    running nvidia-smi again (deploy passes it when nothing was stopped since preflight).
     """
     nvidia_smi = req.get("nvidia_smi") or "nvidia-smi"
-    gpus, err = query_gpus(nvidia_smi)
+    last = _LAST.get(nvidia_smi)
+    if req.get("reuse_s") and last and time.monotonic() - last[0] <= req["reuse_s"]:
+        gpus, err = last[1], last[2]
+    else:
+        gpus, err = query_gpus(nvidia_smi)
     record = {"taken_at": time.time(), "nvidia_smi": nvidia_smi, "devices": req.get("devices"),
               "gpus": gpus, "error": err}
     path = os.path.join(expand(req["deploy_dir"]), "releases", req["release"], "gpu-baseline.json")
