@@ -97,6 +97,7 @@ class Bench:
         self.cfg = str(lab.ssh_config)
         self.rng = random.Random(seed)
         self.nonce = 0
+        self.before_tree = None  # a checkout of llmfab to compare with (run.py --before-tree)
         self.cpu = CpuGroups("llmfab-bench-%d" % lab.slot)
         for h in lab.hosts:
             self.cpu.add(h, lab.sshd_pid(h))
@@ -166,14 +167,14 @@ class Bench:
             out[h] = dict(count_sshd(text), host_cpu=None if cpu is None or now is None else now - cpu)
         return out
 
-    def timed(self, argv, hosts, env=None, expect_launch=True, after=None):
+    def timed(self, argv, hosts, env=None, expect_launch=True, after=None, cwd=REPO):
         """Run argv once (clean-up first, untimed): {"wall", "client_cpu", "per_host": {...}}."""
         self.cleanup(hosts)
         before = self.snapshot(hosts)
         c0 = self.cpu.usage("client")
         join = (lambda: self.cpu.add("client", os.getpid())) if self.cpu.ok else None
         t0 = time.perf_counter()
-        r = subprocess.run([str(a) for a in argv], cwd=str(REPO), env=env, capture_output=True,
+        r = subprocess.run([str(a) for a in argv], cwd=str(cwd), env=env, capture_output=True,
                            text=True, errors="replace", timeout=300, preexec_fn=join)
         wall = time.perf_counter() - t0
         if r.returncode != 0:
@@ -232,15 +233,19 @@ def tool_run(bench, tool, hosts, tools_ws=None, bins=None):
     launcher = bench.fresh_launcher()
     env = dict(os.environ)
     after = None
+    cwd = REPO
     if tool in ("ssh", "ssh-kex"):
         argv = [HERE / "baseline_ssh.sh", bench.cfg, *hosts]
         if tool == "ssh-kex":
             env["BASELINE_SSH_OPTS"] = SSH_KEX
     elif tool == "fabric":
         argv = [PY, HERE / "baseline_fabric.py", bench.cfg, launcher, *hosts]
-    elif tool == "llmfab":
+    elif tool in ("llmfab", "llmfab-before"):
+        # llmfab-before: the same command in another checkout (--before-tree), whose fabfile
+        # and tasks/ fab then loads: a before/after comparison within one run.
         argv = [PY, "-m", "fabric", "-S", bench.cfg, "-H", ",".join(hosts), "deploy", "--no-wait",
                 "--profile", bench.launch_profile]
+        cwd = bench.before_tree if tool == "llmfab-before" else REPO
     elif tool == "ansible":
         env, extra, control_dir = tools_ws.ansible_env(launcher)
         argv = tools_ws.ansible_argv(bins, hosts) + extra
@@ -250,7 +255,7 @@ def tool_run(bench, tool, hosts, tools_ws=None, bins=None):
         env = tools_ws.pyinfra_env(launcher)
     else:
         raise ValueError(tool)
-    return bench.timed(argv, hosts, env=env, after=after)
+    return bench.timed(argv, hosts, env=env, after=after, cwd=cwd)
 
 
 def close_masters(control_dir):

@@ -17,7 +17,9 @@ LABELS = {
 }
 
 
-def _label(tool, n):
+def _label(tool, n, before=None):
+    if tool == "llmfab-before":
+        return "llmfab before: `%s`" % (before or "?")
     if tool == "fabric" and n > 1:
         return "minimal Fabric ThreadingGroup"
     if tool == "ssh" and n > 1:
@@ -36,6 +38,15 @@ def _per_host(runs, key):
     return statistics.median(statistics.mean(h[key] for h in r["per_host"].values()) for r in runs)
 
 
+def _total_cpu(runs):
+    """Median over runs of client CPU + every host's CPU (None if not measured)."""
+    try:
+        return statistics.median(r["client_cpu"] + sum(h["host_cpu"] for h in r["per_host"].values())
+                                 for r in runs)
+    except (TypeError, statistics.StatisticsError):
+        return None
+
+
 def _num(v, digits=2):
     if v is None:
         return "n/a"
@@ -48,21 +59,24 @@ def launch_section(data):
     for (n, tool), runs in res.items():
         mine = _med(res.get((n, "llmfab"), []))
         if (n, tool) in failed and not runs:
-            rows.append([n, _label(tool, n), "failed: " + failed[(n, tool)][0].splitlines()[0][:80],
-                         "", "", "", "", ""])
+            rows.append([n, _label(tool, n, data.get("before")), "failed: " + failed[(n, tool)][0].splitlines()[0][:80],
+                         "", "", "", "", "", "", ""])
             continue
         if (n, tool) in failed:
             notes.append("%s on %d host(s) failed %d time(s) of %d; first error: %s" % (
                 tool, n, len(failed[(n, tool)]), len(failed[(n, tool)]) + len(runs),
                 " / ".join(l.strip() for l in failed[(n, tool)][0].splitlines() if "error" in l.lower())[:300]))
-        rows.append([n, _label(tool, n), fmt_spread([r["wall"] for r in runs]),
+        rows.append([n, _label(tool, n, data.get("before")), fmt_spread([r["wall"] for r in runs]),
                      ratio(_med(runs), mine) if tool != "llmfab" else "1x",
                      _num(_per_host(runs, "connections")), _num(_per_host(runs, "commands")),
-                     _num(_per_host(runs, "host_cpu")), _num(_med(runs, "client_cpu"))])
+                     _num(_per_host(runs, "host_cpu")), _num(_med(runs, "client_cpu")),
+                     _num(_total_cpu(runs)), _num(_total_cpu(runs) / data["env"]["cpus"])
+                     if _total_cpu(runs) is not None else "n/a"])
     for tool in data.get("skipped_tools", []):
-        rows.append(["1, 8", tool, "skipped: " + (data.get("tools_note") or "not installed"), "", "", "", "", ""])
+        rows.append(["1, 8", tool, "skipped: " + (data.get("tools_note") or "not installed"), "", "", "", "", "", "", ""])
     table = md_table(["hosts", "tool", "wall s: median (min-max)", "÷ llmfab", "SSH conns / host",
-                      "remote cmds / host", "host CPU s / host", "client CPU s"], rows)
+                      "remote cmds / host", "host CPU s / host", "client CPU s", "CPU s, all",
+                      "CPU floor s (all / cores)"], rows)
     return table + "".join("\n\nFailure: " + n for n in notes)
 
 
@@ -87,8 +101,11 @@ def targets(data):
         for n, factor in ((8, 1.5), (16, 2.5)):
             mn = m.get((n, "llmfab"))
             ssh = (m.get((n, "ssh")), m.get((1, "ssh")))
+            cpu = _total_cpu(res.get((n, "llmfab"), []))
+            floor = " (plain ssh: %s; CPU floor of the %d lab hosts + client on %d cores: %s s)" % (
+                ratio(*ssh), n, data["env"]["cpus"], _num(cpu / data["env"]["cpus"]) if cpu else "n/a")
             row("%d hosts: llmfab <= %.1fx its 1-host time" % (n, factor),
-                "%s vs %s s = %s (plain ssh: %s)" % (_num(mn), _num(one), ratio(mn, one), ratio(*ssh)),
+                "%s vs %s s = %s%s" % (_num(mn), _num(one), ratio(mn, one), floor),
                 None if mn is None else mn <= factor * one)
         conns = [_per_host(v, "connections") for (n, t), v in res.items() if t == "llmfab" and v]
         row("one SSH connection per host per task", "llmfab: %s per host (1/8/16 hosts)" % " / ".join(map(_num, conns)),

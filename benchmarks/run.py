@@ -49,6 +49,9 @@ def parse(argv):
     p.add_argument("--no-tools", action="store_true", help="skip Ansible and pyinfra")
     p.add_argument("--tools-venv", default=DEFAULT_TOOLS_VENV,
                    help="throwaway venv for ansible-core and pyinfra (default %s)" % DEFAULT_TOOLS_VENV)
+    p.add_argument("--before-tree", metavar="DIR",
+                   help="also run llmfab from this checkout (e.g. `git worktree add DIR COMMIT`), "
+                        "side by side with this one, on 1 and 8 hosts")
     p.add_argument("--out", default=str(HERE / "RESULTS.md"))
     p.add_argument("--no-write", action="store_true", help="print only")
     args = p.parse_args(argv)
@@ -95,7 +98,15 @@ def main(argv=None):
         bench = cases.Bench(lab, lab.root / "bench")
         ws = thirdparty.Workspace(lab.root / "tools", lab.ssh_config, lab.known_hosts, lab.hosts)
         if "launch" in args.cases:
-            plan = [(1, ["ssh", "ssh-kex", "fabric", "llmfab"] + tools), (8, ["ssh", "fabric", "llmfab"] + tools)]
+            before = []
+            if args.before_tree:
+                bench.before_tree = Path(args.before_tree).resolve()
+                before = ["llmfab-before"]
+                data["before"] = subprocess.run(["git", "-C", str(bench.before_tree), "log", "-1", "--format=%h %s"],
+                                                capture_output=True, text=True).stdout.strip()[:90] \
+                    or bench.before_tree.name
+            plan = [(1, ["ssh", "ssh-kex", "fabric", "llmfab"] + before + tools),
+                    (8, ["ssh", "fabric", "llmfab"] + before + tools)]
             if 16 in counts:
                 plan.append((16, ["ssh", "fabric", "llmfab"]))
             log("case 1-3: launch (%d reps after a warm-up)" % args.reps)
