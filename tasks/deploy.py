@@ -92,16 +92,23 @@ def lock_info():
     return {"user": user, "client": socket.gethostname()}
 
 
-def take_lock(host, ddir, task):
+def take_lock(host, ddir, task, stale_agent=None):
+    """Take the deployment's lock, or raise LockHeld naming its holder.
+
+    `stale_agent`: pid of this task's own agent from before a lost connection; if that
+    agent still holds the lock (the host has not noticed the connection died), it is ended.
+    Returns the host's answer ({path, ended_stale_agent})."""
     try:
-        host.call("lock", deploy_dir=ddir, task=task, **lock_info())
+        return host.call("lock", deploy_dir=ddir, task=task, stale_agent=stale_agent, **lock_info())
     except AgentError as e:
         if e.kind != "lock_held":
             raise
         h = e.data.get("holder", {})
         raise LockHeld(f"deployment {ddir} is locked by {h.get('user', '?')}@{h.get('from', '?')} "
                        f"({h.get('task', '?')}, agent pid {h.get('pid', '?')} on {h.get('host', '?')}) "
-                       f"since {h.get('since', '?')}; try again when it is done") from None
+                       f"since {h.get('since', '?')}; try again when it is done (if that task's "
+                       f"connection died, its agent ends when the host notices, or end it now "
+                       f"with `kill {h.get('pid', 'PID')}` there)") from None
 
 
 def print_checks(reporter, name, checks):
@@ -176,9 +183,15 @@ def deploy_host(host, profile, opts, reporter, before_launch=None):
     if opts.get("no_wait"):
         return result
 
+    agent = {"pid": hello.get("pid")}
+
     def relock():
         reporter.line(name, "connection re-opened; still waiting")
-        take_lock(host, ddir, "deploy")
+        took = take_lock(host, ddir, "deploy", stale_agent=agent["pid"])
+        if took.get("ended_stale_agent"):
+            reporter.line(name, f"ended agent pid {took['ended_stale_agent']} of the lost connection "
+                                "(it still held the lock)")
+        agent["pid"] = host.hello.get("pid")
 
     launched = opts.get("launched", {})  # what Ctrl-C leaves running (tasks/commands.py)
     launched[name] = server

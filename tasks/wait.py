@@ -12,7 +12,7 @@ import time
 from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
                       wait_exponential, wait_fixed)
 
-from .errors import OperationFailed
+from .errors import HostUnreachable, OperationFailed
 from .logscan import LogScanner
 from .transport import AgentStartFailed, ConnectionLost
 
@@ -36,7 +36,8 @@ def call_resilient(host, op, /, on_reconnect=None, budget=RECONNECT_BUDGET_S, **
             if attempt.retry_state.attempt_number > 1:
                 try:
                     host.reconnect()
-                except AgentStartFailed as e:
+                except (AgentStartFailed, HostUnreachable) as e:
+                    # e.g. the network is still down: keep trying within the budget
                     raise ConnectionLost(str(e)) from e
                 if on_reconnect:
                     on_reconnect()

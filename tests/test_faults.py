@@ -9,6 +9,7 @@ a killed client never leaves the lock held (test_logs_releases.py
 ::test_a_killed_deploy_or_stop_never_leaves_the_lock_held) and two deploys at once
 (::test_two_deploys_at_once_exactly_one_proceeds).
 """
+import contextlib
 import json
 import os
 import signal
@@ -153,6 +154,34 @@ def test_deploy_survives_a_dropped_connection_during_the_wait_and_launches_once(
         assert float((lab.tmp(host) / f"{name}-ready").read_text()) > dropped_at
         launched_once(lab, host, name)
     finally:
+        run.close()
+        fab(lab, "stop", "--grace", "5", profile=prof)
+
+
+def test_deploy_survives_a_hung_connection_and_ends_the_agent_it_left_holding_the_lock(lab):
+    # A half-open connection (the network died, the host has not noticed): freeze the
+    # session's sshd. The poll times out, deploy reconnects, and its old agent, still
+    # alive on the host and holding the lock, is ended instead of blocking for hours.
+    host, name = "h3", "fault-hung"
+    prof = vllm_profile(lab, name, host, 31010, {"STANDIN_LOAD_SECONDS": "3"})
+    lock = deployment(lab, host, name) / ".lock"
+    run = Background(lab, "deploy", profile=prof)
+    frozen = []
+    try:
+        run.wait_line("launched release")
+        agent = json.loads(lock.read_text())["pid"]
+        frozen = lab.session_sshd_pids(host)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        assert run.finish(150) == 0, run.text
+        assert "connection re-opened; still waiting" in run.text
+        assert f"ended agent pid {agent} of the lost connection (it still held the lock)" in run.text
+        assert not host_pid_alive(lab, host, agent)
+        launched_once(lab, host, name)
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         run.close()
         fab(lab, "stop", "--grace", "5", profile=prof)
 

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -34,16 +35,15 @@ def op_lock(req):
     if path in locks:
         return {"path": path}
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    ended = None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        holder = os.read(fd, 4096).decode("utf-8", "replace")
-        os.close(fd)
-        try:
-            holder = json.loads(holder)
-        except ValueError:
-            holder = {"raw": holder}
-        raise HostError("locked", kind="lock_held", holder=holder)
+        holder = _holder(fd)
+        ended = _end_stale_agent(fd, holder, req.get("stale_agent"))
+        if ended is None:
+            os.close(fd)
+            raise HostError("locked", kind="lock_held", holder=holder)
     info = {
         "user": req.get("user") or "?",
         "from": req.get("client") or "?",
@@ -55,7 +55,40 @@ def op_lock(req):
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
     locks[path] = fd
-    return {"path": path}
+    return {"path": path, "ended_stale_agent": ended}
+
+
+def _holder(fd):
+    raw = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"raw": raw}
+
+
+def _end_stale_agent(fd, holder, stale_pid):
+    """The client lost its connection to the agent `stale_pid` (a hung, half-open SSH
+    session the host has not noticed) and came back. If that very agent still holds the
+    lock, end it and take the lock: it serves nobody. Returns its pid, or None."""
+    if not stale_pid or not isinstance(holder, dict) or holder.get("pid") != stale_pid \
+            or holder.get("host") != socket.gethostname() or stale_pid == os.getpid():
+        return None
+    try:
+        with open("/proc/%d/cmdline" % stale_pid, "rb") as f:
+            if b"llmfab_host" not in f.read():  # the pid was reused: not our agent
+                return None
+        os.kill(stale_pid, signal.SIGKILL)
+    except OSError:
+        pass
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return stale_pid
+        except OSError:
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
 
 def op_unlock(req):
