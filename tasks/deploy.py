@@ -6,7 +6,7 @@ import socket
 
 from .argv import server_argv
 from .errors import ExitCode, LockHeld, OperationFailed, PreflightFailed
-from .fanout import HostResult
+from .fanout import HostResult, report_error
 from .gpuwait import profile_devices
 from .launcher import render_argv_json, render_launcher, render_secrets
 from .model import JsonTable, Profile
@@ -206,8 +206,9 @@ def deploy_host(host, profile, opts, reporter, before_launch=None):
         launched.pop(name, None)
         raise NotReadyInTime(f"{e.what}; stopped it (--stop-on-timeout); its log stays in "
                              f"release {server['release']}", details=e.details) from None
-    except OperationFailed:
+    except OperationFailed as e:
         launched.pop(name, None)
+        report_error(reporter, name, e)  # the verdict first; the clean-up below may take seconds
         # A server that failed is of no use; free its GPUs. Its log stays in the release.
         try:
             call_resilient(host, "stop", deploy_dir=ddir, grace=10, timeout=60, budget=10)

@@ -41,8 +41,7 @@ def run_all(hosts, op, *, parallel, reporter, host_kwargs, interrupted=None):
         try:
             res = op(host)
         except LlmfabError as e:
-            reporter.line(name, f"error: {e.message}")
-            reporter.lines(name, ["  " + d for d in e.details])
+            report_error(reporter, name, e)
             res = HostResult(name, int(e.code), _short(e.message))
         except Exception as e:  # a bug: report it per host, keep the others going
             reporter.line(name, f"internal error: {type(e).__name__}: {e}")
@@ -60,6 +59,15 @@ def run_all(hosts, op, *, parallel, reporter, host_kwargs, interrupted=None):
             for f in futures:
                 f.result()
     return [results[h] for h in hosts]
+
+
+def report_error(reporter, name, error):
+    """Print an error once, with its detail lines (a task may report early, then clean up)."""
+    if getattr(error, "reported", False):
+        return
+    reporter.line(name, f"error: {error.message}")
+    reporter.lines(name, ["  " + d for d in error.details])
+    error.reported = True
 
 
 def _short(message, limit=100):

@@ -127,6 +127,7 @@ def test_failing_server_is_reported_within_two_poll_intervals_with_its_line(lab,
         lines.append(line)
         if "error: server failed" in line and "verdict" not in seen:
             seen["verdict"] = time.time()
+    proc.stdout.close()
     assert proc.wait(timeout=60) == 1, "".join(lines)
     out = "".join(lines)
     assert "torch.OutOfMemoryError: CUDA out of memory" in out
