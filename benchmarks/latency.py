@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import time
 
-from cases import HERE, PY, READY_PORT, REPO, LineClock, RunFailed
+from harness import HERE, PY, READY_PORT, REPO, LineClock, RunFailed
 
 FATAL_NEEDLE = "error: server failed"
 READY_NEEDLE = " ready in "

@@ -32,8 +32,9 @@ sys.path[:0] = [str(HERE.parent / "tests"), str(HERE)]
 
 from lab import HostLab  # noqa: E402
 
-import cases  # noqa: E402
+import harness  # noqa: E402
 import latency  # noqa: E402
+import launch  # noqa: E402
 import report  # noqa: E402
 import thirdparty  # noqa: E402
 
@@ -95,7 +96,7 @@ def main(argv=None):
     t0 = time.monotonic()
     with HostLab(max(counts)) as lab:
         log("lab: %d hosts in %.1f s (slot %d)" % (len(lab.hosts), time.monotonic() - t0, lab.slot))
-        bench = cases.Bench(lab, lab.root / "bench")
+        bench = harness.Bench(lab, lab.root / "bench")
         ws = thirdparty.Workspace(lab.root / "tools", lab.ssh_config, lab.known_hosts, lab.hosts)
         if "launch" in args.cases:
             before = []
@@ -110,7 +111,7 @@ def main(argv=None):
             if 16 in counts:
                 plan.append((16, ["ssh", "fabric", "llmfab"]))
             log("case 1-3: launch (%d reps after a warm-up)" % args.reps)
-            data["launch"], data["launch_failed"] = cases.launch_case(
+            data["launch"], data["launch_failed"] = launch.launch_case(
                 bench, plan, args.reps, tools_ws=ws, bins=bins, log=log)
             loads.append(("after launch", os.getloadavg()))
         if "verdict" in args.cases:
