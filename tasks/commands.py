@@ -5,7 +5,7 @@ import sys
 from invoke.exceptions import Exit
 
 from .boundary import load, run_task
-from .errors import ExitCode, UsageError
+from .errors import ExitCode
 from .fanout import HostResult
 
 

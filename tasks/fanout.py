@@ -4,7 +4,6 @@ Each host gets one `Host` (one SSH connection, one agent) for the whole task. A
 host that fails does so alone; the exit code is the worst of them all
 (3 unreachable > 1 failed > 0), and 130 when interrupted.
 """
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -31,10 +30,9 @@ def worst(codes):
     return max(codes, key=_rank) if codes else ExitCode.OK
 
 
-def run_all(hosts, op, *, parallel, reporter, host_kwargs, interrupted=None):
+def run_all(hosts, op, *, parallel, reporter, host_kwargs):
     """Call op(host: Host) -> HostResult for each host name; returns [HostResult] in host order."""
     results = {}
-    stop_flag = interrupted or threading.Event()
 
     def one(name):
         host = Host(name, **host_kwargs)

@@ -15,7 +15,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .errors import HostUnreachable, OperationFailed
+from .errors import OperationFailed
 
 HOSTSIDE = Path(__file__).with_name("hostside")
 # Load order matters: a module's relative imports must already be loaded.

@@ -68,3 +68,33 @@ def cmdline(pid):
             return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
     except OSError:
         return ""
+
+
+def _mount_ns(pid="self"):
+    try:
+        return os.stat("/proc/%s/ns/mnt" % pid).st_ino
+    except OSError:
+        return None
+
+
+def pids_marked(matches):
+    """Live pids, other than this agent, one of whose environment items satisfies matches(item).
+
+    Only processes that see this agent's filesystem count: the same marker path in another
+    mount namespace (a container sharing the PID namespace) belongs to another deployment.
+    """
+    me, mnt = os.getpid(), _mount_ns()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        if mnt is not None and _mount_ns(name) != mnt:
+            continue
+        try:
+            with open("/proc/%s/environ" % name, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if any(matches(item) for item in env) and pid_alive(int(name)):
+            out.append(int(name))
+    return out

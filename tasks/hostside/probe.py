@@ -5,7 +5,7 @@ import os
 import socket
 
 from . import gpu
-from .common import HostError, cmdline, expand, pid_alive, read_json
+from .common import cmdline, expand, pid_alive, read_json
 
 LOG_CHUNK = 256 * 1024
 

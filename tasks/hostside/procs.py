@@ -10,42 +10,17 @@ import signal
 import time
 
 from . import gpu, gpuprocs
-from .common import cmdline, expand, group_members, pid_alive, read_json
+from .common import cmdline, expand, group_members, pid_alive, pids_marked, read_json
 
 MARKER = b"LLMFAB_RELEASE="
 KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA process
 REAPER_WAIT_S = 2.0
 
 
-def _mount_ns(pid="self"):
-    try:
-        return os.stat("/proc/%s/ns/mnt" % pid).st_ino
-    except OSError:
-        return None
-
-
 def marked(ddir):
-    """Live pids whose environment says they belong to a release under ddir.
-
-    Only processes that see this agent's filesystem: the same path in another mount
-    namespace (a container sharing the PID namespace) is another deployment.
-    """
+    """Live pids (seeing this filesystem) whose environment says they belong to a release under ddir."""
     prefix = MARKER + os.path.join(ddir, "releases").encode() + b"/"
-    me, mnt = os.getpid(), _mount_ns()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
-            continue
-        if mnt is not None and _mount_ns(name) != mnt:
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if any(item.startswith(prefix) for item in env.split(b"\0")) and pid_alive(int(name)):
-            out.append(int(name))
-    return out
+    return pids_marked(lambda item: item.startswith(prefix))
 
 
 def _signal(pids, pgid, sig):

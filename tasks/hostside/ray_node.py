@@ -20,7 +20,7 @@ import sys
 import time
 
 from . import gpu
-from .common import HostError, cmdline, expand, group_members, pid_alive, read_json, write_json
+from .common import HostError, cmdline, expand, group_members, pid_alive, pids_marked, read_json, write_json
 
 MARKER = "LLMFAB_RAY"
 STARTED = b"Ray runtime started"
@@ -52,29 +52,10 @@ def _dir(req):
     return os.path.join(expand(req["deploy_dir"]), "ray")
 
 
-def _mount_ns(pid="self"):
-    try:
-        return os.stat("/proc/%s/ns/mnt" % pid).st_ino
-    except OSError:
-        return None
-
-
 def marked(rdir):
-    """Live pids (in this mount namespace) whose environment has LLMFAB_RAY=rdir."""
+    """Live pids (seeing this filesystem) whose environment has LLMFAB_RAY=rdir."""
     want = ("%s=%s" % (MARKER, rdir)).encode()
-    me, mnt = os.getpid(), _mount_ns()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me or (mnt is not None and _mount_ns(name) != mnt):
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if want in env and pid_alive(int(name)):
-            out.append(int(name))
-    return out
+    return pids_marked(lambda item: item == want)
 
 
 def ours(rdir, record):
