@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""llmfab launcher: deployment 'demo', profile demo.toml (sha256 94491c790e4b).
+"""llmfab launcher: deployment 'demo', profile demo.toml (sha256 <digest>).
 
 Rerun by hand from anywhere:  <python> {this file}
 It starts the server detached (own session and process group), appends its output

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""llmfab launcher: deployment 'qwen36-dflash', profile qwen3.6-27b-dflash.toml (sha256 250457162ea2).
+"""llmfab launcher: deployment 'qwen36-dflash', profile qwen3.6-27b-dflash.toml (sha256 <digest>).
 
 Rerun by hand from anywhere:  <python> {this file}
 It starts the server detached (own session and process group), appends its output

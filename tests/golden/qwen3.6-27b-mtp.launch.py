@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""llmfab launcher: deployment 'qwen3.6-27b-mtp', profile qwen3.6-27b-mtp.toml (sha256 cd3640c8443c).
+"""llmfab launcher: deployment 'qwen3.6-27b-mtp', profile qwen3.6-27b-mtp.toml (sha256 <digest>).
 
 Rerun by hand from anywhere:  <python> {this file}
 It starts the server detached (own session and process group), appends its output

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""llmfab launcher: deployment 'qwen36-eagle3', profile sglang-eagle3.toml (sha256 798c4b295f61).
+"""llmfab launcher: deployment 'qwen36-eagle3', profile sglang-eagle3.toml (sha256 <digest>).
 
 Rerun by hand from anywhere:  <python> {this file}
 It starts the server detached (own session and process group), appends its output
