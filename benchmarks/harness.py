@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from lab import wait_for
+from lab import starttime as _start_time, wait_for
 from measure import count_sshd
 
 HERE = Path(__file__).resolve().parent
@@ -32,15 +32,6 @@ READY_PORT = 18991
 
 class RunFailed(RuntimeError):
     pass
-
-
-def _start_time(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    return int(data[data.rindex(b")") + 2:].split()[19])
 
 
 class CpuGroups:

@@ -144,7 +144,8 @@ def _run(argv, **kw):
                                                    (exc.stderr or "").strip())) from None
 
 
-def _starttime(pid):
+def starttime(pid):
+    """The start time of pid in clock ticks since boot (None if gone): tells a reused pid apart."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as f:
             data = f.read()
@@ -224,7 +225,7 @@ def _run_dir_lock():
 def _slot_owner_alive(path):
     try:
         owner = json.loads(path.read_text())
-        return _starttime(owner["pid"]) == owner["start"]
+        return starttime(owner["pid"]) == owner["start"]
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -512,7 +513,7 @@ class HostLab:
                     continue
                 self.root = Path(root) if root else Path("/var/tmp/llmfab-lab-%d" % slot)
                 with os.fdopen(fd, "w") as f:
-                    json.dump({"pid": os.getpid(), "start": _starttime(os.getpid()),
+                    json.dump({"pid": os.getpid(), "start": starttime(os.getpid()),
                                "root": str(self.root), "since": time.time()}, f)
                 # Leftovers under this slot's names whose slot file is gone (a crash at the
                 # wrong moment): the slot is ours now, so clear them.
