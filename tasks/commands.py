@@ -65,11 +65,8 @@ def check(c, opts):
     def op(host, reporter):
         hello = host.start()
         reporter.line(host.name, f"connected: {hello['user']}@{hello['hostname']}")
-        req = preflight_request(profile)
         state = host.call("state", deploy_dir=deploy_dir(profile))
-        if state["alive"] and state["server"] and state["server"].get("port") == profile.server.port:
-            req["port_owner_pgid"] = state["server"]["pgid"]
-        checks = run_preflight(host, reporter, req)
+        checks = run_preflight(host, reporter, preflight_request(profile, state))
         warns = sum(c["status"] == "WARN" for c in checks)
         return HostResult(host.name, 0, f"{len(checks)} checks OK" + (f", {warns} warning(s)" if warns else ""))
     run_task(c, profile, op, opts, title="check")

@@ -40,9 +40,12 @@ def model_paths(profile: Profile):
     return out
 
 
-def preflight_request(profile: Profile):
+def preflight_request(profile: Profile, state=None):
+    """The host's preflight request. `state` (the agent's "state" answer) tells whether this
+    deployment is running on the same port: then the port counts as ours, to be freed by the
+    stop that precedes the launch, not as taken."""
     s = profile.server
-    return dict(
+    req = dict(
         engine=s.engine,
         argv0=s.command[0] if s.engine == "command" and s.command else None,
         paths=model_paths(profile),
@@ -52,6 +55,10 @@ def preflight_request(profile: Profile):
         min_free_mib=profile.gpu.min_free_mib,
         models=models_request(profile),
     )
+    server = (state or {}).get("server") or {}
+    if state and state.get("alive") and server.get("port") == s.port:
+        req["port_owner_pgid"] = server["pgid"]
+    return req
 
 
 def release_files(profile: Profile):
@@ -158,10 +165,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None):
     take_lock(host, ddir, "deploy")
     state = host.call("state", deploy_dir=ddir)
     running = state["alive"]
-    req = preflight_request(profile)
-    if running and state["server"] and state["server"].get("port") == profile.server.port:
-        req["port_owner_pgid"] = state["server"]["pgid"]
-    run_preflight(host, reporter, req)
+    run_preflight(host, reporter, preflight_request(profile, state))
     rel = push_release(host, profile, ddir)
     if running:
         reporter.line(name, f"release {state['current']} is running: stopping it first")
