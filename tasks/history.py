@@ -172,6 +172,7 @@ def releases(c, opts):
 
 def rollback_host(host, profile, opts, reporter):
     from .deploy import deploy_dir, stop_running, take_lock
+    from .gpuwait import profile_devices
     from .wait import NotReadyInTime, call_resilient, wait_ready
     name, ddir = host.name, deploy_dir(profile)
     host.start()
@@ -194,6 +195,10 @@ def rollback_host(host, profile, opts, reporter):
     old = dataclasses.replace(old, path=profile.path)
     reporter.line(name, f"rolling back from {current} to {prev}")
     stop_running(host, ddir, reporter)
+    # The old release's gpu-baseline.json is from its first launch: take today's, so
+    # `fab stop` waits for what the GPUs hold now without this server.
+    host.call("gpu_baseline", deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,
+              devices=profile_devices(old), timeout=60)
     launched = host.call("relaunch", deploy_dir=ddir, release=prev,
                          python=old.server.interpreter)
     server = launched["server"]
