@@ -107,11 +107,6 @@ def _prepare(cxn, timeout, accept_new):
         _prepare(cxn.gateway, timeout, accept_new)
 
 
-def harden(cxn, accept_new=False, timeout=DEFAULT_TIMEOUT):
-    """Replace Fabric's accept-anything policy on cxn and its gateways (kept for callers)."""
-    _prepare(cxn, timeout, accept_new)
-
-
 def connect_timeout(cxn, timeout=None):
     """The timeout in force for cxn: the caller's, `fab -t`, ssh_config, Fabric's config, 10."""
     return float(timeout or cxn.connect_kwargs.get("timeout") or cxn.connect_timeout or DEFAULT_TIMEOUT)

@@ -5,10 +5,8 @@ and env arrives byte for byte with no shell evaluation; a failing server is repo
 two poll intervals with its log line; malformed profiles exit 2 leaving no trace on the host.
 """
 import json
-import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 

@@ -7,11 +7,10 @@ fd source must find the processes. The stand-in vLLM holds fake GPU memory
 keeps /dev/nvidia<N> open; the memory is freed when the process dies, as with a driver.
 """
 import json
-import os
 
 import pytest
 
-from lab import HostLab, wait_for
+from lab import HostLab
 
 pytestmark = pytest.mark.e2e
 

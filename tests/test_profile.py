@@ -1,5 +1,4 @@
 """Profile loading: malformed profiles (table-driven), good profiles, shipped configs, fuzzing."""
-import json
 import math
 import os
 import sys

@@ -127,12 +127,6 @@ def query_apps(nvidia_smi="nvidia-smi", gpus=()):
     return parse_apps(text or "", gpus), err
 
 
-def read_apps(nvidia_smi="nvidia-smi", gpus=None):
-    if gpus is None:
-        gpus = read_gpus(nvidia_smi) or []
-    return query_apps(nvidia_smi, gpus)[0]
-
-
 def select(gpus, devices):
     if gpus is None:
         return None
