@@ -10,7 +10,7 @@ Rules for `[server.args]` (in file order):
   array   -> `--flag` + one element per item
   number  -> `--flag` + str(number);  string -> `--flag` + the string, verbatim
 """
-from .model import JsonTable, Profile
+from .profile.types import JsonTable, Profile
 
 VLLM_MODULE = "vllm.entrypoints.cli.main"
 SGLANG_MODULE = "sglang.launch_server"

@@ -15,10 +15,10 @@ from pathlib import Path
 from invoke.exceptions import Exit
 
 from . import benchstats, metrics
-from .boundary import load, run_task
+from .runner import load, run_task
 from .errors import ExitCode, OperationFailed, UsageError
 from .fanout import HostResult
-from .model import Secret
+from .profile.types import Secret
 
 BUILTIN_PROMPTS = (
     "Explain in a few paragraphs how a transformer language model generates text.",

@@ -72,7 +72,7 @@ def tail_log(c, profile=None, lines=50, follow=False, grep=None, release=None, p
 }))
 def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_host_keys=False):
     """List the releases kept on the host: stamp, profile hash, started, how it ended, log size."""
-    from .history import releases as run
+    from .releases import releases as run
     run(c, locals())
 
 
@@ -82,7 +82,7 @@ def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_hos
 }))
 def rollback(c, profile=None, timeout=None, no_wait=False, parallel=32, accept_new_host_keys=False):
     """Stop the current release and relaunch the previous one exactly as it was."""
-    from .history import rollback as run
+    from .releases import rollback as run
     run(c, locals())
 
 
@@ -96,7 +96,7 @@ def rollback(c, profile=None, timeout=None, no_wait=False, parallel=32, accept_n
 def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=False, json=False,
                    parallel=32, accept_new_host_keys=False):
     """Free GPUs: find every process using them, TERM then KILL, verify the memory came back."""
-    from .gpucmd import kill_gpu_procs as run
+    from .gpu import kill_gpu_procs as run
     run(c, locals())
 
 

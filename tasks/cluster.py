@@ -31,8 +31,8 @@ from invoke.exceptions import Exit
 
 from .errors import ExitCode, HostUnreachable, OperationFailed
 from .fanout import HostResult, run_all, worst
-from .model import Profile, Secret
-from .transport import AgentError
+from .profile.types import Profile, Secret
+from .agentclient import AgentError
 
 RAY_START_WAIT_S = 180.0   # one `ray start` (a loaded node can take a minute)
 CLUSTER_WAIT_S = 300.0     # until every node and GPU is listed

@@ -4,7 +4,7 @@ import sys
 
 from invoke.exceptions import Exit
 
-from .boundary import load, run_task
+from .runner import load, run_task
 from .errors import ExitCode
 from .fanout import HostResult
 
@@ -35,7 +35,7 @@ def deploy(c, opts):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return
     if profile.cluster is not None:  # one head; the workers come from the profile (tasks/cluster.py)
-        from .boundary import hosts_for
+        from .runner import hosts_for
         from .cluster import check_hosts
         check_hosts(hosts_for(c, profile), profile)
     json_mode = opts.get("json")
@@ -75,7 +75,7 @@ def check(c, opts):
 def stop(c, opts):
     """Body of `fab stop`: TERM, wait --grace (default 30 s), KILL, sweep, GPU memory back."""
     from .deploy import deploy_dir, take_lock
-    from .stopping import stop_deployment
+    from .stop import stop_deployment
     profile = load(c, opts.get("profile"))
     grace = _float(opts, "grace", 0.0)
     ddir = deploy_dir(profile)
@@ -122,7 +122,7 @@ def _fatal_line(host, ddir, release):
     """(line, reason) of the first fatal line in the last 400 lines of the release's log, or None."""
     import base64
     from .logscan import LogScanner
-    from .transport import AgentError
+    from .agentclient import AgentError
     try:
         tail = host.call("log_tail", deploy_dir=ddir, release=release, lines=400)
     except AgentError:

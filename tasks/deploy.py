@@ -9,9 +9,9 @@ from .errors import ExitCode, LockHeld, OperationFailed, PreflightFailed
 from .fanout import HostResult, report_error
 from .gpuwait import profile_devices
 from .launcher import render_argv_json, render_launcher, render_secrets
-from .model import JsonTable, Profile
+from .profile.types import JsonTable, Profile
 from .modelcheck import models_request
-from .transport import AgentError
+from .agentclient import AgentError
 from .wait import NotReadyInTime, call_resilient, wait_ready
 
 
@@ -152,8 +152,8 @@ def push_release(host, profile, ddir):
 
 
 def stop_running(host, ddir, reporter, grace=30):
-    """Stop the running release exactly as `fab stop` does (tasks/stopping.py), GPU check included."""
-    from .stopping import stop_deployment
+    """Stop the running release exactly as `fab stop` does (tasks/stop.py), GPU check included."""
+    from .stop import stop_deployment
     return stop_deployment(host, ddir, reporter, grace=grace)
 
 

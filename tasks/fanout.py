@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from .errors import ExitCode, LlmfabError
-from .transport import Host
+from .agentclient import Host
 
 
 @dataclass

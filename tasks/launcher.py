@@ -12,7 +12,7 @@ returns at once. The reaper stays to record how the server ended in `exit.json`.
 import json
 
 from .argv import server_argv
-from .model import Profile
+from .profile.types import Profile
 
 TEMPLATE = '''\
 #!/usr/bin/env python3

@@ -28,7 +28,7 @@ from tenacity import (Retrying, retry_if_exception_type, stop_after_delay, stop_
 from .errors import ExitCode, HostUnreachable, OperationFailed, UsageError
 from .fanout import HostResult
 from .logtext import LineAssembler, is_fatal
-from .transport import AgentError, ConnectionLost
+from .agentclient import AgentError, ConnectionLost
 
 FOLLOW_WAIT_S = 1.0            # how long one read blocks on the host waiting for growth
 RECONNECT_BUDGET_S = 120       # give up following after this long without a connection
@@ -168,7 +168,7 @@ def tail_host(host, reporter, ddir, opts, stop, multi):
 
 
 def tail_log(c, opts):
-    from .boundary import hosts_for, load, run_task
+    from .runner import hosts_for, load, run_task
     from .deploy import deploy_dir
     profile = load(c, opts.get("profile"))
     try:

@@ -9,7 +9,7 @@ Only absolute paths are model directories here (the same rule as the path checks
 tasks/deploy.model_paths); a Hugging Face id such as "Qwen/Qwen3.6-27B" is fetched by
 the engine itself and cannot be read beforehand.
 """
-from .model import JsonTable, Profile
+from .profile.types import JsonTable, Profile
 
 # SGLang's --speculative-algorithm (checked case-insensitively by SGLang) -> vLLM's method names.
 SGLANG_ALGORITHMS = {"eagle": "eagle", "eagle3": "eagle3", "nextn": "mtp", "dflash": "dflash",

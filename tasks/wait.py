@@ -14,7 +14,7 @@ from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_
 
 from .errors import HostUnreachable, OperationFailed
 from .logscan import LogScanner
-from .transport import AgentStartFailed, ConnectionLost
+from .agentclient import AgentStartFailed, ConnectionLost
 
 RECONNECT_BUDGET_S = 120
 

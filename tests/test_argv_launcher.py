@@ -14,7 +14,7 @@ import pytest
 
 from tasks.argv import render_args, server_argv
 from tasks.launcher import render_argv_json, render_launcher, render_secrets
-from tasks.model import JsonTable
+from tasks.profile.types import JsonTable
 from tasks.profile import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import pytest
 
 from tasks import bench, benchstats, metrics
 from tasks.errors import UsageError
-from tasks.transport import Host
+from tasks.agentclient import Host
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lab import REPO
-from tasks.toml_text import dumps
+from tasks.profile.toml_text import dumps
 from test_modelcheck import DRAFT, TARGET
 
 CONFIGS = REPO / "configs"

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from invoke.exceptions import Exit
 
-from tasks import gpucmd, gpuwait
+from tasks import gpu as gpucmd, gpuwait
 from tasks.errors import OperationFailed
-from tasks.transport import Host
+from tasks.agentclient import Host
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "nvidia-smi"
 

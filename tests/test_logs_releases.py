@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from lab import REPO, wait_for
 
-from tasks.history import describe_end, previous_release, rows, stamp_time, table_lines
+from tasks.releases import describe_end, previous_release, rows, stamp_time, table_lines
 from tasks.hostside import logs as hlogs
 from tasks.hostside import releases as hreleases
 from tasks.logs import parse_opts
@@ -233,7 +233,7 @@ def test_rows_and_table():
 
 
 def test_saved_profile_gives_the_old_releases_readiness_settings(tmp_path):
-    from tasks.history import saved_profile
+    from tasks.releases import saved_profile
     from tasks.profile import load_profile
     (tmp_path / "helper.sh").write_text("#!/bin/sh\n")
     path = tmp_path / "old.toml"

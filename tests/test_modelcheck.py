@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tasks.hostside import modelcheck as host
-from tasks.model import Gpu, JsonTable, Profile, Ready, Secret, Server, Target
+from tasks.profile.types import Gpu, JsonTable, Profile, Ready, Secret, Server, Target
 from tasks.modelcheck import models_request
 
 REPO = Path(__file__).resolve().parent.parent

@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tasks.errors import ExitCode, ProfileError
-from tasks.model import JsonTable, Secret
+from tasks.profile.types import JsonTable, Secret
 from tasks.profile import find_default_profile, load_profile, resolve_profile_path
-from tasks.toml_text import dumps
+from tasks.profile.toml_text import dumps
 
 if sys.version_info >= (3, 11):
     import tomllib

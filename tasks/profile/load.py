@@ -4,7 +4,7 @@
 
 Steps: read and parse each file of the `extends` chain, deep-merge the tables (the
 extending file wins; arrays are replaced, not concatenated), check the merged tree
-against the schema (tasks/profile_schema.py), and keep the merged profile as TOML
+against the schema (tasks/profile/schema.py), and keep the merged profile as TOML
 text with secrets left as `{ from_env = "NAME" }`. Every problem, from a TOML
 syntax error to an unset secret, is a ProfileError (exit 2) that names the file
 that wrote the bad key, the dotted key path and what was expected.
@@ -14,10 +14,10 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import ProfileError
-from .model import Profile
-from .profile_check import Checker, describe
-from .profile_schema import build
+from ..errors import ProfileError
+from .types import Profile
+from .check import Checker, describe
+from .schema import build
 from .toml_text import dumps
 
 if sys.version_info >= (3, 11):
@@ -146,7 +146,7 @@ def find_default_profile(*, cwd=None):
     here = Path(cwd or os.getcwd()) / DEFAULT_PROFILE
     if here.is_file():
         return Path(DEFAULT_PROFILE) if cwd is None else here
-    shipped = Path(__file__).resolve().parent.parent / DEFAULT_PROFILE
+    shipped = Path(__file__).resolve().parents[2] / DEFAULT_PROFILE
     if shipped.is_file():
         return shipped
     raise ProfileError(DEFAULT_PROFILE, None, "no profile given, and no default found here or "

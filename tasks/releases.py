@@ -121,7 +121,7 @@ def saved_profile(text, fallback):
     if not text:
         return fallback
     from .profile import load_profile, tomllib
-    from .toml_text import dumps
+    from .profile.toml_text import dumps
     try:
         data = tomllib.loads(text)
         data.get("server", {}).pop("files", None)  # local copies; the release has its own
@@ -135,7 +135,7 @@ def saved_profile(text, fallback):
 
 
 def releases(c, opts):
-    from .boundary import load, run_task
+    from .runner import load, run_task
     from .deploy import deploy_dir, take_lock
     profile = load(c, opts.get("profile"))
     keep = opts.get("keep")
@@ -228,7 +228,7 @@ def rollback_host(host, profile, opts, reporter):
 
 
 def rollback(c, opts):
-    from .boundary import load, run_task
+    from .runner import load, run_task
     from .commands import _float
     profile = load(c, opts.get("profile"))
     opts["timeout"] = _float(opts, "timeout", 0.0)

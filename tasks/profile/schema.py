@@ -1,14 +1,14 @@
 """The profile schema: the keys of each table, their types, defaults and limits.
 
 `build(ck, data, default_name)` turns the merged TOML tree into the frozen model
-objects (see tasks/model.py) or raises ProfileError naming file, key and expectation.
+objects (see tasks/profile/types.py) or raises ProfileError naming file, key and expectation.
 """
 import os
 import re
 
-from .model import ENGINES, Cluster, Gpu, Ready, Server, Target
-from .profile_args import flag_key, read_args, read_env
-from .profile_check import REQUIRED, no_nul_or_dates
+from .types import ENGINES, Cluster, Gpu, Ready, Server, Target
+from .args import flag_key, read_args, read_env
+from .check import REQUIRED, no_nul_or_dates
 
 TOP_KEYS = ("extends", "target", "server", "ready", "gpu", "cluster")
 TARGET_KEYS = ("hosts", "name", "workdir", "keep_releases")

@@ -9,7 +9,7 @@ nothing. Nothing to kill is success (exit 0).
 """
 from invoke.exceptions import Exit
 
-from .boundary import load, run_task
+from .runner import load, run_task
 from .errors import ExitCode, OperationFailed
 from .fanout import HostResult
 from .gpuwait import gpu_lines, profile_devices, tolerance, wait_freed

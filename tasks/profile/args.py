@@ -7,7 +7,7 @@ import json
 import math
 import re
 
-from .model import JsonTable, Secret
+from .types import JsonTable, Secret
 
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 

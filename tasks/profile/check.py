@@ -11,7 +11,7 @@ import json
 import math
 import re
 
-from .errors import ProfileError
+from ..errors import ProfileError
 from .toml_text import key as _toml_key
 
 _NO_VALUE = object()
