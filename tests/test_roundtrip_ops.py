@@ -1,6 +1,6 @@
 """Host ops that save a deploy work on the host (measured by benchmarks/run.py):
 
-- put_file (tasks/hostside/releases.py): Host.put sends files up to transport.AGENT_PUT_MAX
+- put_file (tasks/hostside/files.py): Host.put sends files up to transport.AGENT_PUT_MAX
   bytes on the agent's channel, so a deploy needs one remote command (no SFTP subsystem);
 - gpu_baseline's reuse_s (tasks/hostside/gpu.py): when nothing was stopped since preflight,
   its nvidia-smi reading is the baseline (one nvidia-smi run per deploy, not two).
@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from tasks.hostside import gpu, releases
+from tasks.hostside import files, gpu
 from tasks.hostside.common import HostError
 
 
@@ -22,7 +22,7 @@ def test_put_file_writes_bytes_exactly_with_the_mode(tmp_path):
     path.write_bytes(b"an older, longer content " * 100)  # truncated, not appended to
     old = os.umask(0o077)
     try:
-        out = releases.op_put_file({"path": str(path), "mode": 0o755,
+        out = files.op_put_file({"path": str(path), "mode": 0o755,
                                     "data": base64.b64encode(data).decode()})
     finally:
         os.umask(old)
@@ -33,7 +33,7 @@ def test_put_file_writes_bytes_exactly_with_the_mode(tmp_path):
 def test_put_file_error_names_the_path_and_the_reason(tmp_path):
     missing = tmp_path / "no-such-release" / "argv.json"
     with pytest.raises(HostError) as e:
-        releases.op_put_file({"path": str(missing), "mode": 0o600, "data": ""})
+        files.op_put_file({"path": str(missing), "mode": 0o600, "data": ""})
     assert str(e.value) == f"could not write {missing}: No such file or directory"
     assert e.value.kind == "write_failed"
 

@@ -17,7 +17,8 @@ import sys
 import threading
 import traceback
 
-from . import bench, gpu, gpuprocs, history, logs, preflight, probe, procs, ray_node, releases
+from . import (bench, files, gpu, gpuprocs, history, launch, lock, logs, preflight, probe, procs,
+               ray_node, releases, state)
 from .common import CONTEXT, HostError
 
 VERSION = 1
@@ -44,7 +45,8 @@ def _user():
 
 
 OPS = {"hello": op_hello}
-for _module in (releases, probe, gpu, gpuprocs, procs, preflight, logs, history, bench, ray_node):
+for _module in (lock, files, releases, launch, state, probe, gpu, gpuprocs, procs, preflight, logs,
+                history, bench, ray_node):
     OPS.update(getattr(_module, "OPS", {}))
 
 

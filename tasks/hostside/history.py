@@ -8,7 +8,7 @@ Standard library only; Python >= 3.9.
 import hashlib
 import os
 
-from . import releases
+from . import launch, releases
 from .common import HostError, expand, pid_alive, read_json
 from .logs import resolve
 
@@ -36,7 +36,7 @@ def _size(path):
 def op_release_list(req):
     """Every release, oldest first: stamp, profile sha256, log size, exit record, running?"""
     ddir = expand(req["deploy_dir"])
-    current = releases._current_release(ddir)
+    current = releases.current_release(ddir)
     server = read_json(os.path.join(ddir, "server.json")) or {}
     alive = bool(server.get("pid")) and pid_alive(server["pid"])
     out = []
@@ -99,7 +99,7 @@ def op_relaunch(req):
     if os.path.exists(exit_path):
         os.replace(exit_path, os.path.join(rdir, "exit.prev.json"))
     offset = _size(log) or 0  # this run's lines start here: the log is appended to
-    out = releases.op_launch({"deploy_dir": ddir, "release": release,
+    out = launch.op_launch({"deploy_dir": ddir, "release": release,
                               "python": req.get("python"), "keep": 1 << 30})
     out["log_offset"] = offset
     return out

@@ -12,7 +12,7 @@ import re
 import time
 
 from .common import HostError, expand
-from .releases import _current_release, releases_sorted
+from .releases import current_release, releases_sorted
 
 BLOCK = 64 * 1024
 TAIL_MAX_BYTES = 4 * 1024 * 1024   # most bytes one `tail` answer carries
@@ -29,7 +29,7 @@ def resolve(ddir, release):
     """(release, path of its server.log); `release` None means the current one."""
     names = releases_sorted(ddir)
     if release is None:
-        release = _current_release(ddir)
+        release = current_release(ddir)
         if release is None:
             raise HostError("nothing deployed in %s yet (no `current` release)" % ddir,
                             kind="no_release", available=names)
@@ -105,7 +105,7 @@ def op_log_tail(req):
     ddir = expand(req["deploy_dir"])
     release, path = resolve(ddir, req.get("release"))
     out = {"release": release, "path": path, "exists": False, "size": 0, "end": 0,
-           "data": "", "partial": "", "clipped": False, "current": _current_release(ddir)}
+           "data": "", "partial": "", "clipped": False, "current": current_release(ddir)}
     try:
         f = open(path, "rb")
     except FileNotFoundError:
@@ -148,7 +148,7 @@ def op_log_read(req):
             break
         time.sleep(0.05)
     out = {"release": release, "exists": size is not None, "size": size or 0, "data": "",
-           "offset": offset, "truncated": False, "current": _current_release(ddir)}
+           "offset": offset, "truncated": False, "current": current_release(ddir)}
     if size is None or size == offset:
         return out
     if size < offset:

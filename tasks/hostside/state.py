@@ -1,0 +1,26 @@
+"""What runs now: server.json, whether its process is alive, how it ended.
+"""
+import os
+import time
+
+from .common import expand, pid_alive, read_json
+from .releases import current_release
+
+
+def op_state(req):
+    """server.json, whether its process group is alive, and how the server ended if it did."""
+    ddir = expand(req["deploy_dir"])
+    server = read_json(os.path.join(ddir, "server.json"))
+    current = current_release(ddir)
+    out = {"deploy_dir": ddir, "exists": os.path.isdir(ddir), "server": server,
+           "current": current, "alive": False, "exit": None}
+    if server:
+        out["alive"] = pid_alive(server["pid"])
+        out["exit"] = read_json(os.path.join(ddir, "releases", server["release"], "exit.json"))
+        out["now"] = time.time()
+    return out
+
+
+OPS = {
+    "state": op_state,
+}
