@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import select
 import signal
 import socket
 import sys
@@ -541,16 +542,35 @@ def _parser():
     return parser
 
 
+class StopSignal:
+    """SIGTERM/SIGINT -> a stop request, signal-safe (a self-pipe, no lock anywhere).
+
+    The handler does nothing: `signal.set_wakeup_fd` makes the interpreter's C-level
+    handler write the signal number into the pipe, and `wait` selects on it. A handler
+    that took a lock (threading.Event.set) would deadlock the main thread when a second
+    signal lands while the first handler holds it.
+    """
+
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+        self._r, w = os.pipe()
+        os.set_blocking(w, False)
+        signal.set_wakeup_fd(w)
+        for s in signals:
+            signal.signal(s, lambda signum, frame: None)
+        self.requested = False
+
+    def wait(self, timeout):
+        """True once a stop signal arrived; else waits up to `timeout` s for one."""
+        if not self.requested and select.select([self._r], [], [], max(0.0, timeout))[0]:
+            os.read(self._r, 512)
+            self.requested = True
+        return self.requested
+
+
 def main(argv=None):
     args = _parser().parse_args(argv)
     here = "demo_server.py"
-    stop = threading.Event()
-
-    def on_signal(signum, frame):
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = StopSignal()
     log("DEMO server (no GPU, no model: tokens are made up), pid %d" % os.getpid(), where=here + ":20")
     log("non-default args: %s" % {k: v for k, v in vars(args).items()
                                   if v != _parser().get_default(k)}, where=here + ":21")
@@ -581,9 +601,7 @@ def main(argv=None):
     raw("INFO:     Started server process [%d]" % os.getpid())
     raw("INFO:     Waiting for application startup.")
     raw("INFO:     Application startup complete.")
-    # Wait in short slices: a signal may land on another thread, and only the main thread
-    # runs Python handlers, between waits.
-    while not stop.wait(0.2):
+    while not stop.wait(3600):
         pass
     raw("INFO:     Shutting down")
     server.shutdown()

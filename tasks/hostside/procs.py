@@ -24,11 +24,18 @@ def marked(ddir):
 
 
 def _signal(pids, pgid, sig):
+    """`sig` once to each process: the group by killpg, then each pid outside the group.
+
+    A process must never get a second SIGTERM: servers built on uvicorn read it as
+    "stop now, skip the graceful shutdown", and a handler that takes a lock deadlocks.
+    """
     if pgid:
+        in_group = set(group_members(pgid))
         try:
             os.killpg(pgid, sig)
         except (ProcessLookupError, PermissionError):
-            pass
+            in_group = set()
+        pids = [p for p in pids if p not in in_group]
     for pid in pids:
         try:
             os.kill(pid, sig)
