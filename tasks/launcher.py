@@ -8,8 +8,12 @@ reaper that becomes a session leader (so the server gets its own process group a
 never receives the SSH session's SIGHUP), starts the server with stdin from
 /dev/null and stdout+stderr appended to `server.log`, writes `server.json`, and
 returns at once. The reaper stays to record how the server ended in `exit.json`.
+With [supervise] on, the reaper runs the supervisor instead (tasks/supervise/, shipped
+beside launch.py as supervise.py, supervise_host.py and supervise_watch.py), which
+restarts the server per the profile; the rest of launch.py is the same.
 """
 import json
+from pathlib import Path
 
 from .argv import server_argv
 from .profile.types import Profile
@@ -128,6 +132,53 @@ if __name__ == "__main__":
 '''
 
 
+SUPERVISED_REAPER = '''\
+# The profile's [supervise]: restart policy, backoff, crash-loop limit, hang detection,
+# carried out by supervise.py beside this file (standard library only, like this file).
+SUPERVISE = {supervise}
+
+
+def _reaper(here, env, report_fd):
+    """Child: lead a new session; supervise.py starts the server and restarts it per SUPERVISE,
+    records every attempt in restarts.jsonl and how the last one ended in exit.json."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    sys.path.insert(0, here)
+    import supervise
+    os._exit(supervise.run(here, ARGV, env, SUPERVISE, report_fd))
+'''
+SUPERVISOR_DIR = Path(__file__).with_name("supervise")
+SUPERVISOR_FILES = ("supervise.py", "supervise_host.py", "supervise_watch.py")
+SUPERVISED_GRACE_S = 30.0  # what is left of a crashed attempt gets fab stop's default grace
+
+
+def supervise_config(profile: Profile):
+    """The SUPERVISE dict of launch.py: [supervise] plus where the hang probes look."""
+    s, srv = profile.supervise, profile.server
+    host = "127.0.0.1" if srv.host in ("0.0.0.0", "", "::", "localhost") else srv.host
+    return {"restart": s.restart, "max_restarts": s.max_restarts, "window": s.window,
+            "backoff": s.backoff, "backoff_max": s.backoff_max, "hang_timeout": s.hang_timeout,
+            "memory_timeout": s.memory_timeout, "grace": SUPERVISED_GRACE_S, "port": srv.port,
+            "probe_host": host, "health_path": profile.ready.health_path,
+            "metrics_path": None if srv.engine == "command" else "/metrics"}
+
+
+def supervisor_files(profile: Profile):
+    """[(name, bytes, mode)] of the supervisor, for the release directory; [] when off."""
+    if not profile.supervise.on:
+        return []
+    return [(name, (SUPERVISOR_DIR / name).read_bytes(), 0o600) for name in SUPERVISOR_FILES]
+
+
+def _supervised(text, profile):
+    """launch.py with the plain reaper replaced by the supervised one."""
+    start, end = text.index("def _reaper("), text.index("\n\ndef main():")
+    reaper = SUPERVISED_REAPER.format(supervise=_literal(supervise_config(profile)))
+    return text[:start] + reaper + "\n" + text[end + 1:]
+
+
 def _literal(value):
     """A list or dict as a Python literal, one item per line (readable and diffable)."""
     if not value:
@@ -147,7 +198,7 @@ def _in_docstring(text):
 
 def render_launcher(profile: Profile) -> str:
     """The text of launch.py for this profile. Deterministic: golden-tested."""
-    return TEMPLATE.format(
+    text = TEMPLATE.format(
         name="'%s'" % _in_docstring(profile.target.name),
         profile_name=_in_docstring(profile.path.name),
         digest=profile.digest[:12],
@@ -156,6 +207,7 @@ def render_launcher(profile: Profile) -> str:
         secret_names=_literal(sorted(profile.secrets)),
         port=profile.server.port,
     )
+    return _supervised(text, profile) if profile.supervise.on else text
 
 
 def render_secrets(profile: Profile) -> bytes:

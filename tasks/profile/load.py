@@ -17,7 +17,7 @@ from pathlib import Path
 from ..errors import ProfileError
 from .types import Profile
 from .check import Checker, describe
-from .schema import build
+from .schema import build, supervise
 from .toml_text import dumps
 
 if sys.version_info >= (3, 11):
@@ -41,6 +41,7 @@ def load_profile(path, *, environ=os.environ):
         data, origins, chain = _load_tree(top, ())
         ck = Checker(top, origins, environ)
         target, server, ready, gpu, cluster = build(ck, data, Path(top).stem)
+        supervision = supervise(ck, data)
         # Saved in every release: make it stand alone (no extends, name explicit, files absolute).
         data.setdefault("target", {})["name"] = target.name
         if server.files:
@@ -53,6 +54,7 @@ def load_profile(path, *, environ=os.environ):
         cluster=cluster, resolved_toml=resolved,
         digest=hashlib.sha256(resolved.encode("utf-8")).hexdigest(),
         sources=tuple(Path(f).resolve() for f in chain),
+        supervise=supervision,
     )
 
 

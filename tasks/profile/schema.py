@@ -6,16 +6,18 @@ objects (see tasks/profile/types.py) or raises ProfileError naming file, key and
 import os
 import re
 
-from .types import ENGINES, Cluster, Gpu, Ready, Server, Target
+from .types import ENGINES, RESTART_POLICIES, Cluster, Gpu, Ready, Server, Supervise, Target
 from .args import flag_key, read_args, read_env
 from .check import REQUIRED, no_nul_or_dates
 
-TOP_KEYS = ("extends", "target", "server", "ready", "gpu", "cluster")
+TOP_KEYS = ("extends", "target", "server", "ready", "gpu", "cluster", "supervise")
 TARGET_KEYS = ("hosts", "name", "workdir", "keep_releases")
 SERVER_KEYS = ("engine", "python", "model", "host", "port", "command", "files", "args", "env")
 READY_KEYS = ("timeout", "poll_interval", "health_path", "models_path", "served_name")
 GPU_KEYS = ("devices", "min_free_mib", "nvidia_smi")
 CLUSTER_KEYS = ("backend", "workers", "ray_port", "head_address")
+SUPERVISE_KEYS = ("restart", "max_restarts", "window", "backoff", "backoff_max", "hang_timeout",
+                  "memory_timeout")
 
 NAME_RULE = ("a deployment name: letters, digits, '.', '_' or '-', starting with a letter or "
              "digit, no '..', at most 100 characters")
@@ -189,3 +191,28 @@ def _cluster(ck, c):
     head = ck.get(c, p, "head_address",
                   lambda k, v, q: k.matches(v, q, r"\S+", "an address the workers can reach"), None)
     return Cluster(backend=backend, workers=workers, ray_port=port, head_address=head)
+
+
+def supervise(ck, data):
+    """[supervise] -> Supervise (all keys optional; off unless restart is set)."""
+    t, p = data.get("supervise", {}), ("supervise",)
+    ck.table(t, p, SUPERVISE_KEYS)
+    d = Supervise()
+
+    def seconds(c, v, q, lo=0.0):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v < float("inf"):
+            c.fail(q, f"a number of seconds >= {lo:g}", v)
+        return float(v)
+
+    policy = ck.get(t, p, "restart", lambda c, v, q: c.matches(
+        v, q, "|".join(RESTART_POLICIES), " | ".join(f'"{r}"' for r in RESTART_POLICIES)), d.restart)
+    backoff = ck.get(t, p, "backoff", seconds, d.backoff)
+    return Supervise(
+        restart=policy,
+        max_restarts=ck.get(t, p, "max_restarts", lambda c, v, q: c.integer(v, q, lo=0), d.max_restarts),
+        window=ck.get(t, p, "window", lambda c, v, q: seconds(c, v, q, 1.0), d.window),
+        backoff=backoff,
+        backoff_max=ck.get(t, p, "backoff_max", lambda c, v, q: seconds(c, v, q, backoff), max(d.backoff_max, backoff)),
+        hang_timeout=ck.get(t, p, "hang_timeout", seconds, d.hang_timeout),
+        memory_timeout=ck.get(t, p, "memory_timeout", lambda c, v, q: seconds(c, v, q, 1.0), d.memory_timeout),
+    )

@@ -97,6 +97,25 @@ class Cluster:
     head_address: Optional[str] = None           # address workers use to reach the head; default: head's host name
 
 
+RESTART_POLICIES = ("no", "on-failure", "always")
+
+
+@dataclass(frozen=True)
+class Supervise:
+    """[supervise]: restarts by the launcher's reaper on the host (DESIGN.md "Supervision")."""
+    restart: str = "no"                          # one of RESTART_POLICIES
+    max_restarts: int = 5                        # within `window` s; one more gives up
+    window: float = 600.0
+    backoff: float = 5.0                         # before the first restart; doubles up to backoff_max
+    backoff_max: float = 300.0
+    hang_timeout: float = 0.0                    # 0 = off
+    memory_timeout: float = 120.0                # GPU memory back to the baseline before a restart
+
+    @property
+    def on(self):
+        return self.restart != "no"
+
+
 @dataclass(frozen=True)
 class Profile:
     path: Path                                   # the file given by the user (resolved)
@@ -108,6 +127,7 @@ class Profile:
     resolved_toml: str                           # merged profile as TOML, secrets redacted; saved in each release
     digest: str                                  # sha256 of resolved_toml (first 12 hex digits shown)
     sources: Tuple[Path, ...] = ()               # the files read: the given one first, then each it extends
+    supervise: Supervise = Supervise()
 
     @property
     def served_name(self):

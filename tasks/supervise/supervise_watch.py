@@ -1,0 +1,128 @@
+"""The supervisor's eyes: hang detection over HTTP, and the fatal line of an attempt's log.
+
+Copied into a release beside supervise.py. Hung (DESIGN.md "Supervision"), once the
+server answered /health 200: no 200 for `hang_timeout` s since the last one (a probe
+fails after min(5, hang_timeout) s), or requests running/waiting while the generated-token
+counter in /metrics stays put for `hang_timeout` s. Busy and progressing, or idle with
+nothing waiting, is not hung. FATAL mirrors tasks/logscan.py's patterns (a unit test holds
+them equal). Standard library only, Python >= 3.9.
+"""
+import http.client
+import re
+import time
+
+FATAL = [re.compile(p) for p in (
+    r"^(?:[\w.-]+(?: [\w.-]+)?): error: ",
+    r"unrecognized arguments:",
+    r"Engine core initialization failed",
+    r"CUDA out of memory|torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError",
+    r"Free memory on device .* is less than desired GPU memory utilization",
+    r"No available memory for the cache blocks",
+    r"Address already in use",
+    r"NCCL error|Gloo connectFullMesh failed",
+    r"EngineDeadError|EngineCore encountered a fatal error",
+)]
+EXCEPTION = re.compile(r"^(?:\(\w+[^)]*\) )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b(?::|$)")
+READ_MAX = 4 << 20  # bytes of an attempt's log read for its fatal line (the tail if longer)
+
+# Metric names as tasks/metrics.py reads them (vLLM, SGLang).
+GENERATED = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
+BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting", "sglang:num_running_reqs",
+        "sglang:num_queue_reqs")
+
+
+def fatal_line(log_path, offset):
+    """The first known fatal line written since `offset`, else the last exception line of a
+    traceback there, else None."""
+    try:
+        with open(log_path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(offset, size - READ_MAX))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = text.splitlines()
+    for line in lines:
+        if any(p.search(line) for p in FATAL):
+            return line.strip()[:500]
+    seen_traceback = False
+    last = None
+    for line in lines:
+        if "Traceback (most recent call last)" in line:
+            seen_traceback = True
+        elif seen_traceback and EXCEPTION.match(line.strip()):
+            last = line.strip()[:500]
+    return last
+
+
+def metric_values(text):
+    """{name: summed value} for the names hang detection reads, from Prometheus text."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in GENERATED or name in BUSY:
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return out
+
+
+class HangWatch:
+    def __init__(self, cfg):
+        self.timeout = float(cfg["hang_timeout"])
+        self.probe_timeout = min(5.0, self.timeout)
+        self.interval = self.probe_timeout / 2  # detection within hang_timeout + one probe
+        self.host, self.port = cfg["probe_host"], cfg["port"]
+        self.health_path, self.metrics_path = cfg["health_path"], cfg.get("metrics_path")
+        self.ready = False
+        self.last_ok = self.last_progress = None
+        self.last_generated = None
+        self.next_at = time.monotonic() + self.interval
+
+    def next_probe_in(self):
+        return max(0.0, self.next_at - time.monotonic())
+
+    def _get(self, path):
+        """(status, body) or (None, None) if nothing answered within the probe timeout."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.probe_timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read(1 << 20)
+        except (OSError, http.client.HTTPException):
+            return None, None
+        finally:
+            conn.close()
+
+    def probe(self):
+        """One look; returns why the server is hung, or None."""
+        code, _ = self._get(self.health_path)
+        now = time.monotonic()
+        self.next_at = now + self.interval
+        if code == 200:
+            self.ready = True
+            self.last_ok = now
+        if not self.ready:
+            return None  # never ready: start-up is deploy's business, not a hang
+        if now - self.last_ok >= self.timeout:
+            return "llmfab: hung: no /health 200 for %.1f s (hang_timeout = %g s)" % (
+                now - self.last_ok, self.timeout)
+        return self._progress(now) if code == 200 and self.metrics_path else None
+
+    def _progress(self, now):
+        code, body = self._get(self.metrics_path)
+        if code != 200:
+            return None
+        values = metric_values(body.decode("utf-8", "replace"))
+        generated = sum(values.get(n, 0.0) for n in GENERATED)
+        busy = sum(values.get(n, 0.0) for n in BUSY) > 0
+        if not busy or self.last_generated is None or generated != self.last_generated:
+            self.last_progress = now
+        self.last_generated = generated
+        if busy and now - self.last_progress >= self.timeout:
+            return ("llmfab: hung: requests waiting and no token generated for %.1f s "
+                    "(hang_timeout = %g s)" % (now - self.last_progress, self.timeout))
+        return None
