@@ -112,6 +112,21 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     return result
 
 
+def deploy_head(head, profile, opts, reporter, launched=None):
+    """`fab deploy` on the head of a cluster profile: deploy_host with the Ray bring-up."""
+    from .cluster import bring_up, call, server_profile
+    head.start()
+    ip = call(head, "ray_address", head_address=profile.cluster.head_address)["ip"]
+    info = {}
+    res = deploy_host(head, server_profile(profile, ip), opts, reporter,
+                      before_launch=lambda: info.update(bring_up(head, profile, reporter,
+                                                                 ddir=deploy_dir(profile), head_ip=ip)),
+                      launched=launched)
+    res.data["cluster"] = info
+    res.summary += f" on {info['nodes']} Ray nodes"
+    return res
+
+
 def dry_run_record(profile: Profile, host):
     """`deploy --dry-run --json`: what would land on `host`, as one JSON object.
     File contents are given for the launcher only; secrets.json is named, never shown."""
@@ -157,7 +172,6 @@ def deploy(c, opts):
 
     def op(host, reporter):
         if profile.cluster is not None:  # the head of a Ray cluster (tasks/cluster.py)
-            from .cluster import deploy_head
             res = deploy_head(host, profile, opts, reporter, launched=launched)
         else:
             res = deploy_host(host, profile, opts, reporter, launched=launched)
