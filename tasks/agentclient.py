@@ -19,7 +19,7 @@ from .errors import OperationFailed
 
 HOSTSIDE = Path(__file__).with_name("hostside")
 # Load order matters: a module's relative imports must already be loaded.
-HOST_MODULES = ("common", "gpu", "gpuprocs", "probe", "procs", "lock", "files", "releases", "launch", "state",
+HOST_MODULES = ("common", "supervision", "gpu", "gpuprocs", "probe", "procs", "lock", "files", "releases", "launch", "state",
                 "modelcheck", "preflight", "bench",
                 "logs", "history", "ray_node", "agent")
 

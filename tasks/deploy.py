@@ -7,7 +7,7 @@ from .errors import ExitCode, OperationFailed
 from .fanout import HostResult
 from .preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
 from .gpuwait import profile_devices
-from .launcher import render_argv_json, render_launcher, render_secrets
+from .launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
 from .lock import take_lock
 from .wait import wait_or_clean_up
@@ -26,7 +26,7 @@ def release_files(profile: Profile):
     for path in profile.server.files:
         with open(path, "rb") as f:
             files.append((os.path.basename(path), f.read(), 0o700 if os.access(path, os.X_OK) else 0o600))
-    return files
+    return files + supervisor_files(profile)
 
 
 def dry_run_text(profile: Profile):
@@ -72,7 +72,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     reporter.line(name, f"connected: {hello['user']}@{hello['hostname']}, Python {hello['python']}")
     take_lock(host, ddir, "deploy")
     state = host.call("state", deploy_dir=ddir)
-    running = state["alive"]
+    # A supervisor waiting to restart counts as running: it would relaunch the old release.
+    running = state["alive"] or (state.get("supervisor") or {}).get("state") in SUPERVISING
     run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
     rel = push_release(host, profile, ddir)
     if running:

@@ -151,6 +151,7 @@ def _reaper(here, env, report_fd):
 '''
 SUPERVISOR_DIR = Path(__file__).with_name("supervise")
 SUPERVISOR_FILES = ("supervise.py", "supervise_host.py", "supervise_watch.py")
+SUPERVISING = ("running", "backoff", "waiting-for-gpu")  # supervisor states that may still launch
 SUPERVISED_GRACE_S = 30.0  # what is left of a crashed attempt gets fab stop's default grace
 
 

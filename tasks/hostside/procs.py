@@ -9,7 +9,7 @@ import os
 import signal
 import time
 
-from . import gpu, gpuprocs
+from . import gpu, gpuprocs, supervision
 from .common import cmdline, expand, group_members, pid_alive, pids_marked, read_json
 
 MARKER = b"LLMFAB_RELEASE="
@@ -115,11 +115,14 @@ def baseline(ddir, server):
 def op_stop(req):
     ddir = expand(req["deploy_dir"])
     server = read_json(os.path.join(ddir, "server.json"))
+    # The supervisor first: once it says "off" it restarts nothing, not even from a backoff.
+    supervised = supervision.end(ddir, server)
     base = baseline(ddir, server)
     before = None
     if base and base.get("gpus") and ours(ddir, (server or {}).get("pgid"))[0]:
         before = gpu.read_gpus(base.get("nvidia_smi") or "nvidia-smi")  # for the "8123 -> 3 MiB" lines
     out = stop(ddir, float(req.get("grace", 30)))
+    out["supervisor_was"] = supervised
     out["baseline"] = base
     out["gpus_before"] = before
     if req.get("nvidia_smi"):

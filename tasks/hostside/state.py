@@ -3,6 +3,7 @@
 import os
 import time
 
+from . import supervision
 from .common import expand, pid_alive, read_json
 from .releases import current_release
 
@@ -18,6 +19,7 @@ def op_state(req):
         out["alive"] = pid_alive(server["pid"])
         out["exit"] = read_json(os.path.join(ddir, "releases", server["release"], "exit.json"))
         out["now"] = time.time()
+        out["supervisor"] = supervision.read(ddir, server)
     return out
 
 

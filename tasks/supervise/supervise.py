@@ -81,23 +81,20 @@ class Supervisor:
 
     # -- one attempt ------------------------------------------------------------------
     def launch(self, log):
-        """Start the server unless a stop came first. Stop signals are blocked meanwhile, so
-        `fab stop` sees "off" only when no launch can follow."""
-        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-        try:
-            if self._drain():
-                return None
-            self.attempt += 1
-            self.offset = log.seek(0, os.SEEK_END)
-            proc = subprocess.Popen(self.argv, cwd=self.rel.here, env=self.env,
-                                    stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, close_fds=True)
-            self.started_at = now_iso()
-            self.rel.record_server(proc.pid, self.started_at, self.cfg["port"])
-            self.publish(state="running", next_attempt_at=None, attempt=self.attempt)
-            return proc
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        """Start the server unless a stop came first. No signal is blocked here (a child would
+        inherit the mask): `fab stop` waits for the "off" that only this loop writes, after
+        which it launches nothing, so whatever started before is in the stop's sweep."""
+        if self._drain():
+            return None
+        self.attempt += 1
+        self.offset = log.seek(0, os.SEEK_END)
+        proc = subprocess.Popen(self.argv, cwd=self.rel.here, env=self.env,
+                                stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, close_fds=True)
+        self.started_at = now_iso()
+        self.rel.record_server(proc.pid, self.started_at, self.cfg["port"])
+        self.publish(state="running", next_attempt_at=None, attempt=self.attempt)
+        return proc
 
     def watch(self, proc):
         """Until the server exits, hangs or a stop comes: -> (returncode, hang text or None)."""
