@@ -24,6 +24,7 @@ class Status:
     cluster_lines: list = field(default_factory=list)
     cluster_ok: bool = True
     why: str = None                                    # why a dead server ended (its fatal line)
+    supervisor_lines: list = field(default_factory=list)
 
     @property
     def healthy(self):
@@ -93,12 +94,17 @@ def gather(host, profile, ddir):
     if profile.cluster is not None:  # the Ray cluster under the server (tasks/cluster.py)
         from .cluster import cluster_status
         record["cluster"], out.cluster_lines, out.cluster_ok = cluster_status(host, profile, ddir)
+    from . import supervision
+    record["supervisor"] = supervision.record(st.get("supervisor"))
+    out.supervisor_lines = supervision.lines(record["supervisor"], (st.get("supervisor") or {}).get("reason"))
     if server and not alive:
         record["exit"] = st.get("exit") or None
         fatal = fatal_line(host, ddir, server["release"])
         if fatal:  # why it died: an engine crash can exit 0, so the log says more than the code
             record["fatal"] = fatal[0]
             out.why = f"{fatal[1]}: {fatal[0].strip()}"
+        if record["supervisor"]["state"] == "gave-up":  # the crash loop first, then its line
+            out.why = supervision.gave_up_why(record["supervisor"], st["supervisor"].get("reason"))
     return out
 
 
@@ -118,6 +124,7 @@ def render(status):
         lines = ["not deployed"]
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
     lines += ["  " + t for t in status.metric_lines]
+    lines += ["  " + t for t in status.supervisor_lines]
     return lines + list(status.cluster_lines)
 
 

@@ -21,9 +21,11 @@ def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=
     t0 = time.monotonic()
     res = host.call("stop", deploy_dir=ddir, grace=grace, timeout=grace + 60)
     res["memory_s"] = None
+    name = host.name
+    if res.get("supervisor_was"):  # ended before anything was signalled: no restart follows
+        reporter.line(name, f"supervisor ended first (it was {res['supervisor_was']}); nothing restarts")
     if res["already_stopped"]:
         return res
-    name = host.name
     killed = res["killed"]
     reporter.line(name, f"stopped release {(res['server'] or {}).get('release')}: "
                         f"{len(res['terminated'])} process(es) ended on SIGTERM"

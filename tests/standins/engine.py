@@ -18,6 +18,7 @@ Knobs (environment variables, set by tests through the profile's [server.env]):
     STANDIN_ACCEPT_RATE    speculative acceptance rate (0.62)
     STANDIN_TOKENS_PER_S   generation speed per request (200)
     STANDIN_LOG_INTERVAL   seconds between throughput / SpecDecoding log lines (10)
+    STANDIN_HANG           http | tokens: hang STANDIN_HANG_AFTER s (1) after ready (start_hang)
 
 Running this module (`python -m llmfab_standin.engine`) is the engine child.
 """
@@ -276,6 +277,48 @@ def new_engine(served_names, knobs, spec_k, *, prefix="vllm"):
     spec = http.SpecDecodeSim(spec_k, knobs.accept_rate) if spec_k else None
     metrics = http.Metrics(served_names[0], spec=spec, prefix=prefix)
     return http.Engine(metrics, tokens_per_s=knobs.tokens_per_s, spec=spec)
+
+
+# ---------------------------------------------------------------------------------------
+# Hangs after ready (supervision tests, issue 15)
+
+HANG_MODES = ("http", "tokens")
+
+
+def start_hang(state, server, environ=None):
+    """STANDIN_HANG, STANDIN_HANG_AFTER seconds (1) after the port opened:
+
+        http     every request blocks forever: the port accepts, nothing answers, so
+                 /health times out while the process lives on (a wedged event loop)
+        tokens   /health stays 200 but generation stops: requests pile up as running and
+                 the generated-token counter stands still (a wedged engine core)
+
+    STANDIN_HANG_STAMP: a file; the hang writes time.time() there, and a server that finds
+    it already there does not hang (so only the first attempt of a supervised server hangs).
+    Returns the timer thread, or None when there is no hang to come."""
+    env = os.environ if environ is None else environ
+    mode = env.get("STANDIN_HANG")
+    stamp = env.get("STANDIN_HANG_STAMP")
+    if not mode or (stamp and os.path.exists(stamp)):
+        return None
+    if mode not in HANG_MODES:
+        raise SystemExit("STANDIN_HANG=%r: expected one of %s" % (mode, ", ".join(HANG_MODES)))
+    after = float(env.get("STANDIN_HANG_AFTER", "1"))
+
+    def hang():
+        time.sleep(after)
+        if mode == "http":
+            class Hung(server.RequestHandlerClass):
+                def handle(self):
+                    threading.Event().wait()
+            server.RequestHandlerClass = Hung
+        else:
+            state.engine.tokens_per_s = 1e-6  # one token per ~11 days
+        stamp_file(stamp)
+
+    thread = threading.Thread(target=hang, daemon=True, name="hang")
+    thread.start()
+    return thread
 
 
 if __name__ == "__main__":

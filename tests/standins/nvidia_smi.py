@@ -28,6 +28,7 @@ import json
 import os
 import stat
 import sys
+import time
 
 DEFAULT_DIR = "/tmp/fakegpu"
 DEFAULT_GPU_NAME = "NVIDIA H100 80GB HBM3"
@@ -173,7 +174,7 @@ def register(gpu_index, mib, *, directory=None, name=None):
         raise ValueError("no GPU %r at %s" % (gpu_index, directory))
     host_pid, own_pid, start = _self_ids(directory)
     record = {"host_pid": host_pid, "pid": own_pid, "starttime": start, "gpu": gpu_index,
-              "mib": int(mib), "name": name or _process_name()}
+              "mib": int(mib), "name": name or _process_name(), "registered_at": time.time()}
     procs = os.path.join(directory, "procs")
     os.makedirs(procs, exist_ok=True)
     path = os.path.join(procs, "%d-%d.json" % (host_pid, gpu_index))
@@ -184,6 +185,8 @@ def register(gpu_index, mib, *, directory=None, name=None):
 
 
 def unregister(path):
+    if teardown_seconds(os.path.dirname(os.path.dirname(path))) > 0:
+        return _mark_gone(path, "released_at")  # the "driver" frees it a while later
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -208,10 +211,71 @@ def live_registrations(directory=None):
                 rec = json.load(f)
         except (OSError, ValueError):
             continue
-        if rec.get("starttime") is not None and \
+        if rec.get("starttime") is not None and "released_at" not in rec and \
                 _starttime(proc, rec["host_pid"]) == rec["starttime"]:
             out.append(rec)
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Driver teardown lag and a record of readings (supervision tests, issue 15)
+#
+#   teardown_s       a number of seconds: memory of a process that died (or released it)
+#                    stays in use that long after the reader first sees it gone, as a real
+#                    driver takes a moment to tear a CUDA context down. Absent: freed at once.
+#   readings.jsonl   if it exists, every --query-gpu appends {t, used: {index: MiB},
+#                    pids: [live holders], lingering: [dead holders still counted]}.
+
+
+def teardown_seconds(directory):
+    try:
+        with open(os.path.join(directory, "teardown_s")) as f:
+            return float(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0.0
+
+
+def _mark_gone(path, key):
+    try:
+        with open(path) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        return None
+    rec.setdefault(key, time.time())
+    with open(path + ".tmp", "w") as f:
+        json.dump(rec, f)
+    os.replace(path + ".tmp", path)
+    return rec
+
+
+def lingering_registrations(directory, live=None):
+    """Registrations of dead (or released) holders still within the teardown lag."""
+    lag = teardown_seconds(directory)
+    if lag <= 0:
+        return []
+    live = live_registrations(directory) if live is None else live
+    procs = os.path.join(directory, "procs")
+    live_paths = {"%d-%d.json" % (r["host_pid"], r["gpu"]) for r in live}
+    out = []
+    for entry in sorted(os.listdir(procs)) if os.path.isdir(procs) else ():
+        if not entry.endswith(".json") or entry in live_paths:
+            continue
+        rec = _mark_gone(os.path.join(procs, entry), "gone_at")
+        if rec and time.time() - min(rec.get("released_at", rec["gone_at"]), rec["gone_at"]) < lag:
+            out.append(rec)
+    return out
+
+
+def record_reading(directory, rows):
+    path = os.path.join(directory, "readings.jsonl")
+    if not os.path.exists(path):
+        return
+    lingering = lingering_registrations(directory)
+    line = {"t": time.time(), "used": {str(g["index"]): used for g, used, _ in rows},
+            "pids": sorted({r["host_pid"] for _, _, regs in rows for r in regs}),
+            "lingering": sorted({r["host_pid"] for r in lingering})}
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def usage(directory=None):
@@ -221,10 +285,11 @@ def usage(directory=None):
     if gpus is None:
         return None
     regs = live_registrations(directory)
+    lingering = lingering_registrations(directory, regs)
     out = []
     for g in gpus:
         mine = [r for r in regs if r["gpu"] == g["index"]]
-        used = g.get("baseline_used_mib", 0) + sum(r["mib"] for r in mine)
+        used = g.get("baseline_used_mib", 0) + sum(r["mib"] for r in mine + lingering if r["gpu"] == g["index"])
         out.append((g, min(used, g["memory_total_mib"]), mine))
     return out
 
@@ -393,6 +458,7 @@ def main(argv=None):
     try:
         rows = _select(rows, opts["ids"])
         if opts["query_gpu"] is not None:
+            record_reading(fakegpu_dir(), rows)
             names = _fields(opts["query_gpu"], GPU_FIELDS)
             table = []
             for g, used, regs in rows:

@@ -12,7 +12,7 @@ import time
 
 import vllm
 from llmfab_standin import demo_server as http
-from llmfab_standin.engine import (EngineChild, GpuHold, Knobs, Lifecycle, gpu_free_mib,
+from llmfab_standin.engine import (EngineChild, GpuHold, Knobs, Lifecycle, gpu_free_mib, start_hang,
                                    jsonable, new_engine, periodic, stamp_file, visible_gpus,
                                    write_received)
 from vllm.logger import lines, log, set_process
@@ -267,6 +267,7 @@ class Server:
         log("Starting vLLM API server 0 on http://%s:%d" % (a.host or "0.0.0.0", a.port),
             "api_server.py:1912")
         server = http.start_http(state, sock)
+        start_hang(state, server)
         stamp_file(k.ready_file)
         lines(self.api, "INFO:     Started server process [%d]\nINFO:     Waiting for application "
               "startup.\nINFO:     Application startup complete." % os.getpid())

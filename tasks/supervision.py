@@ -1,0 +1,59 @@
+"""What `fab status` says about a release's supervisor (DESIGN.md "Supervision").
+
+The host reads supervisor.json (tasks/hostside/supervision.py); this side shapes the
+`supervisor` object of `--json` (`restart, restarts, state, last: {exit, signal, rule,
+line, ended_at}, next_attempt_in_s`) and the human lines. An unsupervised release reads
+`restart: "no", state: "off"`.
+
+The failure rule of a crash is left as the host recorded it: "hung" for a hang the
+supervisor detected, else null (the failure-explanation table of issue 14 is not on main
+yet; when it is, map `last.line` to its rule here).
+"""
+
+OFF = {"restart": "no", "restarts": 0, "state": "off", "last": None, "next_attempt_in_s": None}
+
+
+def record(host_view):
+    """The `supervisor` object from the state op's `supervisor` (None: unsupervised)."""
+    if not host_view:
+        return dict(OFF)
+    last = host_view.get("last")
+    if last:
+        last = {k: last.get(k) for k in ("exit", "signal", "rule", "line", "ended_at")}
+    return {"restart": host_view.get("restart") or "no", "restarts": host_view.get("restarts") or 0,
+            "state": host_view.get("state") or "off", "last": last,
+            "next_attempt_in_s": host_view.get("next_attempt_in_s")}
+
+
+def how_it_ended(last):
+    if not last:
+        return "?"
+    text = f"signal {last['signal']}" if last.get("signal") else f"exit status {last.get('exit')}"
+    return text + (f", {last['rule']}" if last.get("rule") else "")
+
+
+def lines(sup, reason=None):
+    """Human lines for a supervised release; [] when supervision is off and never ran."""
+    if sup["restart"] == "no":
+        return []
+    n = sup["restarts"]
+    head = f"supervisor: restart {sup['restart']}, {n} restart{'s' if n != 1 else ''}, {sup['state']}"
+    if sup["state"] == "backoff" and sup["next_attempt_in_s"] is not None:
+        head += f", next attempt in {sup['next_attempt_in_s']:.0f} s"
+    out = [head]
+    last = sup["last"]
+    if last:
+        out.append(f"  last attempt ended {last.get('ended_at')}: {how_it_ended(last)}"
+                   + (f": {last['line']}" if last.get("line") else ""))
+    if sup["state"] == "gave-up" and reason:
+        out.append(f"  gave up: {reason}")
+    return out
+
+
+def gave_up_why(sup, reason):
+    """The `why` of a deployment whose supervisor gave up: the reason and the fatal line."""
+    last = sup.get("last") or {}
+    why = f"the supervisor gave up: {reason or 'restarts exhausted'}"
+    if last.get("line"):
+        why += f"; fatal line: {last['line']}"
+    return why

@@ -1,0 +1,262 @@
+"""Supervision end to end (issue 15): restarts by the launcher's reaper on lab hosts.
+
+The stand-in vLLM (tests/standins) plays the server: kill -9 of it, a server that always
+fails (STANDIN_FAIL=oom), hangs after ready (STANDIN_HANG=http: nothing answers; tokens:
+/health 200 but generation stops), an engine child that leaves the group (setsid) and
+outlives its parent holding stand-in GPU memory, which the stand-in driver frees only
+`teardown_s` after the holder is gone. Every wait is on a condition with a deadline.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from lab import HostLab, wait_for
+
+HOST = "h1"  # shares this machine's PID namespace: pids from the host are ours too
+MIB = 1024
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with HostLab(1) as lab:
+        yield lab
+
+
+def profile(lab, name, port, env=(), supervise=(), timeout=60):
+    lines = ["[target]", f'hosts = ["{HOST}"]', f'name = "{name}"',
+             "[server]", 'engine = "vllm"', f'python = "{lab.ml_python}"',
+             f'model = "{lab.model_dir("sup-model")}"', 'host = "127.0.0.1"', f"port = {port}",
+             "[server.args]", 'served-model-name = "m"',
+             "[server.env]", f'STANDIN_GPU_MIB = "{MIB}"', 'STANDIN_LOAD_SECONDS = "0.3"']
+    lines += [f'{k} = "{v}"' for k, v in dict(env).items()]
+    lines += ["[ready]", f"timeout = {timeout}", "poll_interval = 0.2",
+              "[supervise]", 'restart = "on-failure"']
+    lines += [f"{k} = {json.dumps(v)}" for k, v in dict({"backoff": 1}, **dict(supervise)).items()]
+    path = lab.root / f"{name}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def fab(lab, *args, profile, code=0):
+    r = lab.fab(*args, profile=profile, timeout=180)
+    assert r.returncode == code, f"fab {' '.join(args)}: {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return r
+
+
+def release(lab, name):
+    return (lab.home(HOST) / "llmfab" / name / "current").resolve()
+
+
+def read(path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def attempts(lab, name):
+    path = release(lab, name) / "restarts.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def status(lab, prof):
+    r = lab.fab("status", "--json", profile=prof, timeout=60)
+    return json.loads(r.stdout), r
+
+
+def server_pid(lab, name):
+    return read(lab.home(HOST) / "llmfab" / name / "server.json")["pid"]
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def restarted_and_ready(lab, prof, n):
+    def check():
+        st, r = status(lab, prof)
+        return st if r.returncode == 0 and st["supervisor"]["restarts"] == n else None
+    return wait_for(check, 60, f"restart {n} and ready")
+
+
+def test_kill9_is_restarted_ready_again_one_restart_and_both_attempts_logged(lab):
+    name = "sup-kill"
+    prof = profile(lab, name, 31101)
+    fab(lab, "deploy", profile=prof)
+    first = server_pid(lab, name)
+    os.kill(first, signal.SIGKILL)
+    st = restarted_and_ready(lab, prof, 1)
+    sup = st["supervisor"]
+    assert st["running"] and st["health"] == 200 and st["pid"] != first
+    assert sup["restart"] == "on-failure" and sup["state"] == "running"
+    assert sup["last"]["signal"] == "SIGKILL" and sup["last"]["exit"] is None
+    [rec] = attempts(lab, name)
+    assert list(rec) == ["attempt", "started_at", "ended_at", "exit", "signal", "rule", "line"]
+    assert rec["attempt"] == 1 and rec["signal"] == "SIGKILL"
+    log = (release(lab, name) / "server.log").read_text()
+    markers = [line for line in log.splitlines() if line.startswith("--- llmfab: restart")]
+    assert len(markers) == 1 and "restart 1 of the server (previous attempt: signal SIGKILL) at " in markers[0]
+    assert log.count("Application startup complete.") == 2
+    assert log.index("Application startup complete.") < log.index(markers[0])
+    human = fab(lab, "status", profile=prof).stdout
+    assert "supervisor: restart on-failure, 1 restart, running" in human and "signal SIGKILL" in human
+    fab(lab, "stop", profile=prof)
+
+
+def test_a_server_that_always_fails_gives_up_after_max_restarts_naming_the_loop_and_line(lab):
+    name = "sup-loop"
+    prof = profile(lab, name, 31102, {"STANDIN_FAIL": "oom"}, {"max_restarts": 2, "backoff": 0.2})
+    fab(lab, "deploy", "--no-wait", profile=prof)
+    st = wait_for(lambda: (lambda s: s if s["supervisor"]["state"] == "gave-up" else None)(status(lab, prof)[0]),
+                  60, "the supervisor to give up")
+    assert not st["running"] and st["supervisor"]["restarts"] == 2
+    recs = attempts(lab, name)
+    assert [r["attempt"] for r in recs] == [1, 2, 3]
+    assert all(r["exit"] == 1 and "CUDA out of memory" in r["line"] for r in recs)
+    r = lab.fab("status", profile=prof, timeout=60)
+    assert r.returncode == 1
+    assert "crash loop: 2 restarts within 600 s (max_restarts = 2)" in r.stdout
+    assert "fatal line: " in r.stdout and "CUDA out of memory" in r.stdout
+    log = (release(lab, name) / "server.log").read_text()
+    assert log.count("--- llmfab: restart") == 2 and log.count("CUDA out of memory") >= 3
+    fab(lab, "stop", profile=prof)
+
+
+def _hang_detected_within(lab, name, prof, hang_timeout):
+    stamp = lab.tmp(HOST) / f"{name}-hung"  # STANDIN_HANG_STAMP: when the (first) hang began
+    stamp.unlink(missing_ok=True)
+    fab(lab, "deploy", profile=prof)
+    first = server_pid(lab, name)
+    path = release(lab, name) / "restarts.jsonl"
+    wait_for(path.exists, 30, "the hang to be detected")
+    seen = time.time()
+    hung_at = float(stamp.read_text())
+    interval = min(5.0, hang_timeout) / 2
+    # hang_timeout + one probe (its interval; the failing probe's own timeout is within it),
+    # plus what the test's own 50 ms polling adds.
+    assert seen - hung_at <= hang_timeout + interval + 0.5, (seen - hung_at)
+    [rec] = attempts(lab, name)
+    assert rec["rule"] == "hung" and rec["line"].startswith("llmfab: hung: ")
+    st = restarted_and_ready(lab, prof, 1)
+    assert st["pid"] != first and not alive(first)
+    fab(lab, "stop", profile=prof)
+    return rec
+
+
+def test_a_server_whose_http_hangs_after_ready_is_detected_and_restarted(lab):
+    name = "sup-hang"
+    prof = profile(lab, name, 31103, {"STANDIN_HANG": "http", "STANDIN_HANG_STAMP": f"/tmp/{name}-hung"},
+                   {"hang_timeout": 2})
+    rec = _hang_detected_within(lab, name, prof, 2.0)
+    assert "no /health 200" in rec["line"]
+
+
+def test_a_server_whose_tokens_stop_while_requests_wait_is_hung_though_health_says_200(lab):
+    name = "sup-stall"
+    prof = profile(lab, name, 31104, {"STANDIN_HANG": "tokens", "STANDIN_HANG_STAMP": f"/tmp/{name}-hung",
+                                      "STANDIN_READY_FILE": f"/tmp/{name}-ready"},
+                   {"hang_timeout": 2})
+    body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 5000})
+    client = None
+    try:
+        ready_file = lab.tmp(HOST) / f"{name}-ready"
+        ready_file.unlink(missing_ok=True)
+        # A request that starts before the stall and then waits on it, sent from the host.
+        client = subprocess.Popen(lab.ssh_argv(HOST, "sh", "-c", shlex_quote(
+            f"while ! test -e /tmp/{name}-ready; do sleep 0.05; done; curl -s -m 60 "
+            f"-H 'content-type: application/json' -d '{body}' http://127.0.0.1:31104/v1/completions")),
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        rec = _hang_detected_within(lab, name, prof, 2.0)
+        assert "requests waiting and no token generated" in rec["line"]
+    finally:
+        if client is not None:
+            client.kill()
+            client.wait()
+
+
+def shlex_quote(text):
+    import shlex
+    return shlex.quote(text)
+
+
+def test_a_busy_server_under_bench_is_never_restarted_nor_when_idle_after(lab):
+    name = "sup-busy"
+    prof = profile(lab, name, 31105, {"STANDIN_TOKENS_PER_S": "40"}, {"hang_timeout": 3})
+    fab(lab, "deploy", profile=prof)
+    # 32 requests of 96 tokens at 40 tokens/s, 8 at a time: ~10 s of load, each request
+    # far longer than hang_timeout, with the queue never empty.
+    r = fab(lab, "bench", "--json", "--requests", "32", "--concurrency", "8", "--max-tokens", "96",
+            profile=prof)
+    assert json.loads(r.stdout)["errors"] == 0
+    idle_until = time.monotonic() + 6  # idle, nothing waiting, for 2x hang_timeout
+    while time.monotonic() < idle_until:
+        assert not (release(lab, name) / "restarts.jsonl").exists()
+        time.sleep(0.2)
+    st, r = status(lab, prof)
+    assert r.returncode == 0 and st["supervisor"]["restarts"] == 0 and st["supervisor"]["state"] == "running"
+    fab(lab, "stop", profile=prof)
+
+
+def test_orphaned_workers_are_swept_and_the_relaunch_waits_until_their_memory_is_gone(lab):
+    name = "sup-orphan"
+    fake = lab.fakegpu_dir(HOST)
+    (fake / "teardown_s").write_text("1.5")  # the "driver" frees a dead holder's memory 1.5 s late
+    (fake / "readings.jsonl").write_text("")
+    try:
+        prof = profile(lab, name, 31106, {"STANDIN_WORKER_SETSID": "1"})
+        fab(lab, "deploy", profile=prof)
+        server = server_pid(lab, name)
+        regs = [read(p) for p in (fake / "procs").glob("*.json")]
+        old = {r["host_pid"] for r in regs if r and "released_at" not in r and alive(r["host_pid"])}
+        assert server in old and len(old) == 2  # the server and its engine child (own session)
+        os.kill(server, signal.SIGKILL)
+        killed_at = time.time()
+        restarted_and_ready(lab, prof, 1)
+        assert not any(alive(p) for p in old)  # the setsid'd engine child was swept
+        readings = [json.loads(line) for line in (fake / "readings.jsonl").read_text().splitlines()]
+        new_regs = [read(p) for p in (fake / "procs").glob("*.json")]
+        new = [r for r in new_regs if r and r["host_pid"] not in old and r["registered_at"] > killed_at]
+        assert new, "the new attempt registered no GPU memory"
+        first_alloc = min(r["registered_at"] for r in new)
+        after_kill = [x for x in readings if x["t"] > killed_at]
+        held = [x for x in after_kill if set(x["pids"] + x["lingering"]) & old]
+        assert held, "no reading saw the orphan's memory: the wait was not exercised"
+        clear = [x for x in after_kill if x["t"] < first_alloc and not set(x["pids"] + x["lingering"]) & old
+                 and all(v == 4 for v in x["used"].values())]
+        assert clear, "the relaunch did not wait for a reading back at the baseline"
+        assert max(x["t"] for x in held) < min(x["t"] for x in clear) < first_alloc
+        newpids = {r["host_pid"] for r in new}
+        assert not any(set(x["pids"] + x["lingering"]) & old and set(x["pids"]) & newpids for x in readings)
+        fab(lab, "stop", profile=prof)
+    finally:
+        (fake / "teardown_s").unlink(missing_ok=True)
+        (fake / "readings.jsonl").unlink(missing_ok=True)
+
+
+def test_stop_during_backoff_ends_the_supervisor_and_nothing_launches_after(lab):
+    name = "sup-backoff"
+    prof = profile(lab, name, 31107, supervise={"backoff": 30})
+    fab(lab, "deploy", profile=prof)
+    server = read(lab.home(HOST) / "llmfab" / name / "server.json")
+    os.kill(server["pid"], signal.SIGKILL)
+    st = wait_for(lambda: (lambda s: s if s["supervisor"]["state"] == "backoff" else None)(status(lab, prof)[0]),
+                  30, "the backoff")
+    assert st["supervisor"]["next_attempt_in_s"] > 20
+    r = fab(lab, "stop", profile=prof)
+    assert "supervisor ended first (it was backoff); nothing restarts" in r.stdout
+    reaper = server["pgid"]
+    wait_for(lambda: not alive(reaper), 10, "the supervisor (the launcher's reaper) to end")
+    sup = read(release(lab, name) / "supervisor.json")
+    assert sup["state"] == "off" and sup["attempt"] == 1
+    assert read(lab.home(HOST) / "llmfab" / name / "server.json")["pid"] == server["pid"]
+    assert (release(lab, name) / "server.log").read_text().count("--- llmfab: restart") == 0
+    st, r = status(lab, prof)
+    assert r.returncode == 1 and not st["running"] and st["supervisor"]["state"] == "off"
