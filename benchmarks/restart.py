@@ -3,7 +3,7 @@
     python3 benchmarks/restart.py --torch PY [--host H] [-S SSH_CONFIG] [--mib N] [--kills 3]
     python3 benchmarks/restart.py --standin PY --nvidia-smi PATH   # no GPU: the stand-in vLLM
 
-Deploys a server with `[supervise] restart = "on-failure", backoff = 1` (tests/gpu/
+Deploys a server with `[supervise] restart = "on-failure", backoff = backoff_max = 1` (tests/gpu/
 torch_standin.py under PyTorch: an API process and a setsid'd engine child holding --mib MiB
 of real GPU memory each; or the stand-in vLLM with stand-in GPU memory), then `--kills`
 times: SIGKILL the server's process (the engine child survives, holding its memory), and
@@ -104,7 +104,7 @@ def main():
          "[server.env]", f'CUDA_VISIBLE_DEVICES = "{o.device}"', 'PYTHONUNBUFFERED = "1"',
          f'STANDIN_GPU_MIB = "{o.mib}"', "[ready]", "timeout = 600", "poll_interval = 0.2",
          "[gpu]", f"devices = [{o.device}]", f'nvidia_smi = "{o.nvidia_smi}"',
-         "[supervise]", 'restart = "on-failure"', "backoff = 1", "max_restarts = 10",
+         "[supervise]", 'restart = "on-failure"', "backoff = 1", "backoff_max = 1", "max_restarts = 10",
          f"hang_timeout = {o.hang_timeout}", ""]))
     fab = [sys.executable, "-m", "fabric"] + (["-S", o.ssh_config] if o.ssh_config else [])
     ddir = Path(o.workdir) / "restart-bench"

@@ -117,6 +117,9 @@ def render(status):
     elif r["deployed"]:
         ex = r["exit"] or {}
         how = f"exited with status {ex['returncode']} at {ex['ended_at']}" if ex else "not running"
+        between = (r.get("supervisor") or {}).get("state")
+        if between in ("backoff", "waiting-for-gpu"):
+            how = f"is down; the supervisor restarts it ({between})"
         lines = [f"not running: release {r['release']} {how}"]
         if status.why:
             lines.append(f"  why: {status.why}")

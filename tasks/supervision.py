@@ -39,7 +39,7 @@ def lines(sup, reason=None):
     n = sup["restarts"]
     head = f"supervisor: restart {sup['restart']}, {n} restart{'s' if n != 1 else ''}, {sup['state']}"
     if sup["state"] == "backoff" and sup["next_attempt_in_s"] is not None:
-        head += f", next attempt in {sup['next_attempt_in_s']:.0f} s"
+        head += f", next attempt in {sup['next_attempt_in_s']:.{0 if sup['next_attempt_in_s'] >= 10 else 1}f} s"
     out = [head]
     last = sup["last"]
     if last:

@@ -77,35 +77,34 @@ def _environment(here):
     return env
 
 
+# The profile's [supervise]: restart policy, backoff, crash-loop limit, hang detection,
+# carried out by supervise.py beside this file (standard library only, like this file).
+SUPERVISE = {
+    'restart': 'on-failure',
+    'max_restarts': 5,
+    'window': 600.0,
+    'backoff': 5.0,
+    'backoff_max': 300.0,
+    'hang_timeout': 120.0,
+    'memory_timeout': 120.0,
+    'grace': 30.0,
+    'port': 30000,
+    'probe_host': '127.0.0.1',
+    'health_path': '/health',
+    'metrics_path': '/metrics',
+}
+
+
 def _reaper(here, env, report_fd):
-    """Child: lead a new session, start the server in it, record how it ended."""
+    """Child: lead a new session; supervise.py starts the server and restarts it per SUPERVISE,
+    records every attempt in restarts.jsonl and how the last one ended in exit.json."""
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    # A handler (not SIG_IGN, which exec would inherit): the reaper outlives a
-    # SIGTERM of the group so it can record the server's exit status.
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    signal.signal(signal.SIGHUP, lambda *_: None)
-    try:
-        with open(os.path.join(here, "server.log"), "ab") as log:
-            proc = subprocess.Popen(
-                ARGV, cwd=here, env=env, stdin=subprocess.DEVNULL,
-                stdout=log, stderr=subprocess.STDOUT, close_fds=True,
-            )
-    except OSError as e:
-        os.write(report_fd, json.dumps({"error": "cannot start %r: %s" % (ARGV[0], e)}).encode())
-        os._exit(1)
-    os.write(report_fd, json.dumps({"pid": proc.pid}).encode())
-    os.close(report_fd)
-    while True:
-        try:
-            status = proc.wait()
-            break
-        except InterruptedError:
-            continue
-    _write_json(os.path.join(here, "exit.json"), {"returncode": status, "ended_at": _now()})
-    os._exit(0)
+    sys.path.insert(0, here)
+    import supervise
+    os._exit(supervise.run(here, ARGV, env, SUPERVISE, report_fd))
 
 
 def main():
