@@ -77,7 +77,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
     rel = push_release(host, profile, ddir)
     if running:
-        reporter.line(name, f"release {state['current']} is running: stopping it first")
+        reporter.line(name, f"release {state['current']} is "
+                            f"{'running' if state['alive'] else 'waiting to be restarted'}: stopping it first")
         stop_running(host, ddir, reporter)
     if before_launch is not None:  # e.g. bring up the Ray cluster of a [cluster] profile (tasks/cluster.py)
         before_launch()

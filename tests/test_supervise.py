@@ -10,11 +10,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 
 import pytest
 
-from lab import HostLab, wait_for
+from lab import REPO, HostLab, wait_for
 
 HOST = "h1"  # shares this machine's PID namespace: pids from the host are ours too
 MIB = 1024
@@ -31,8 +33,9 @@ def profile(lab, name, port, env=(), supervise=(), timeout=60):
              "[server]", 'engine = "vllm"', f'python = "{lab.ml_python}"',
              f'model = "{lab.model_dir("sup-model")}"', 'host = "127.0.0.1"', f"port = {port}",
              "[server.args]", 'served-model-name = "m"',
-             "[server.env]", f'STANDIN_GPU_MIB = "{MIB}"', 'STANDIN_LOAD_SECONDS = "0.3"']
-    lines += [f'{k} = "{v}"' for k, v in dict(env).items()]
+             "[server.env]"]
+    env = dict({"STANDIN_GPU_MIB": str(MIB), "STANDIN_LOAD_SECONDS": "0.3"}, **dict(env))
+    lines += [f'{k} = "{v}"' for k, v in env.items()]
     lines += ["[ready]", f"timeout = {timeout}", "poll_interval = 0.2",
               "[supervise]", 'restart = "on-failure"']
     lines += [f"{k} = {json.dumps(v)}" for k, v in dict({"backoff": 1}, **dict(supervise)).items()]
@@ -92,8 +95,22 @@ def test_kill9_is_restarted_ready_again_one_restart_and_both_attempts_logged(lab
     prof = profile(lab, name, 31101)
     fab(lab, "deploy", profile=prof)
     first = server_pid(lab, name)
-    os.kill(first, signal.SIGKILL)
-    st = restarted_and_ready(lab, prof, 1)
+    follow = subprocess.Popen([sys.executable, "-m", "fabric", "-S", str(lab.ssh_config), "tail-log", "--follow",
+                               "--lines", "1", "--profile", str(prof)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    followed = []
+    threading.Thread(target=lambda: followed.extend(follow.stdout), daemon=True).start()
+    try:
+        wait_for(lambda: followed, 30, "tail-log to start")
+        os.kill(first, signal.SIGKILL)
+        st = restarted_and_ready(lab, prof, 1)
+        # --follow keeps following across the restart: the marker, then the new attempt's start.
+        wait_for(lambda: "--- llmfab: restart 1" in "".join(followed) and
+                 "Application startup complete." in "".join(followed).split("--- llmfab: restart 1")[1],
+                 30, "the restart in tail-log --follow")
+    finally:
+        follow.kill()
+        follow.wait()
     sup = st["supervisor"]
     assert st["running"] and st["health"] == 200 and st["pid"] != first
     assert sup["restart"] == "on-failure" and sup["state"] == "running"
@@ -211,7 +228,9 @@ def test_orphaned_workers_are_swept_and_the_relaunch_waits_until_their_memory_is
     (fake / "teardown_s").write_text("1.5")  # the "driver" frees a dead holder's memory 1.5 s late
     (fake / "readings.jsonl").write_text("")
     try:
-        prof = profile(lab, name, 31106, {"STANDIN_WORKER_SETSID": "1"})
+        # 4096 MiB: the server's quarter alone (1024 per GPU) is well over the 256 MiB that
+        # "back to the baseline" tolerates, so no lingering part can pass for freed.
+        prof = profile(lab, name, 31106, {"STANDIN_WORKER_SETSID": "1", "STANDIN_GPU_MIB": "4096"})
         fab(lab, "deploy", profile=prof)
         server = server_pid(lab, name)
         regs = [read(p) for p in (fake / "procs").glob("*.json")]
@@ -260,3 +279,41 @@ def test_stop_during_backoff_ends_the_supervisor_and_nothing_launches_after(lab)
     assert (release(lab, name) / "server.log").read_text().count("--- llmfab: restart") == 0
     st, r = status(lab, prof)
     assert r.returncode == 1 and not st["running"] and st["supervisor"]["state"] == "off"
+
+
+def test_a_redeploy_during_backoff_replaces_the_supervisor_and_the_old_release_stays_down(lab):
+    name = "sup-redeploy"
+    prof = profile(lab, name, 31108, supervise={"backoff": 30})
+    fab(lab, "deploy", profile=prof)
+    old = read(lab.home(HOST) / "llmfab" / name / "server.json")
+    os.kill(old["pid"], signal.SIGKILL)
+    wait_for(lambda: status(lab, prof)[0]["supervisor"]["state"] == "backoff", 30, "the backoff")
+    r = fab(lab, "deploy", profile=prof)
+    assert "is waiting to be restarted: stopping it first" in r.stdout
+    assert "supervisor ended first (it was backoff); nothing restarts" in r.stdout
+    wait_for(lambda: not alive(old["pgid"]), 10, "the old supervisor to end")
+    oldrel = lab.home(HOST) / "llmfab" / name / "releases" / old["release"]
+    assert read(oldrel / "supervisor.json")["state"] == "off"
+    assert "--- llmfab: restart" not in (oldrel / "server.log").read_text()
+    st, r = status(lab, prof)
+    assert r.returncode == 0 and st["release"] != old["release"] and st["supervisor"]["restarts"] == 0
+    fab(lab, "stop", profile=prof)
+
+
+def test_memory_that_does_not_come_back_gives_up_without_relaunching(lab):
+    name = "sup-memory"
+    fake = lab.fakegpu_dir(HOST)
+    (fake / "teardown_s").write_text("120")  # a dead holder's memory stays "in use" for 2 minutes
+    try:
+        prof = profile(lab, name, 31109, {"STANDIN_WORKER_SETSID": "1"}, {"memory_timeout": 1})
+        fab(lab, "deploy", profile=prof)
+        os.kill(server_pid(lab, name), signal.SIGKILL)
+        st = wait_for(lambda: (lambda s: s if s["supervisor"]["state"] == "gave-up" else None)(status(lab, prof)[0]),
+                      60, "the supervisor to give up")
+        assert st["supervisor"]["restarts"] == 0 and len(attempts(lab, name)) == 1
+        r = lab.fab("status", profile=prof, timeout=60)
+        assert r.returncode == 1 and "GPU memory not back to the baseline after 1 s: GPU 0 uses" in r.stdout
+        assert "--- llmfab: restart" not in (release(lab, name) / "server.log").read_text()
+    finally:
+        (fake / "teardown_s").unlink(missing_ok=True)
+    lab.fab("stop", profile=prof, timeout=120)
