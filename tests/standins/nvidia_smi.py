@@ -223,16 +223,29 @@ def live_registrations(directory=None):
 #   teardown_s       a number of seconds: memory of a process that died (or released it)
 #                    stays in use that long after the reader first sees it gone, as a real
 #                    driver takes a moment to tear a CUDA context down. Absent: freed at once.
+#                    Only processes registered after the file was written linger.
 #   readings.jsonl   if it exists, every --query-gpu appends {t, used: {index: MiB},
 #                    pids: [live holders], lingering: [dead holders still counted]}.
 
 
-def teardown_seconds(directory):
+def teardown_seconds(directory, since=False):
+    """The lag in seconds (0: none); with since=True, (lag, when it was set): only holders
+    registered after that linger, so earlier processes' leftovers are freed as before."""
+    path = os.path.join(directory, "teardown_s")
     try:
-        with open(os.path.join(directory, "teardown_s")) as f:
-            return float(f.read().strip() or 0)
+        with open(path) as f:
+            lag, at = float(f.read().strip() or 0), os.stat(path).st_mtime
     except (OSError, ValueError):
-        return 0.0
+        lag, at = 0.0, None
+    return (lag, at) if since else lag
+
+
+def read_registration(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 def _mark_gone(path, key):
@@ -250,7 +263,7 @@ def _mark_gone(path, key):
 
 def lingering_registrations(directory, live=None):
     """Registrations of dead (or released) holders still within the teardown lag."""
-    lag = teardown_seconds(directory)
+    lag, since = teardown_seconds(directory, since=True)
     if lag <= 0:
         return []
     live = live_registrations(directory) if live is None else live
@@ -259,6 +272,9 @@ def lingering_registrations(directory, live=None):
     out = []
     for entry in sorted(os.listdir(procs)) if os.path.isdir(procs) else ():
         if not entry.endswith(".json") or entry in live_paths:
+            continue
+        rec = read_registration(os.path.join(procs, entry))
+        if not rec or rec.get("registered_at", 0) < since:
             continue
         rec = _mark_gone(os.path.join(procs, entry), "gone_at")
         if rec and time.time() - min(rec.get("released_at", rec["gone_at"]), rec["gone_at"]) < lag:
