@@ -112,10 +112,10 @@ class Supervisor:
             if why and proc.poll() is None:
                 return None, why
 
-    def end_attempt(self, rc, hang):
+    def end_attempt(self, rc, hang, ended_at):
         exit_, sig, text = describe_end(rc)
         line = hang or fatal_line(self.rel.log_path, self.offset)
-        record = {"attempt": self.attempt, "started_at": self.started_at, "ended_at": now_iso(),
+        record = {"attempt": self.attempt, "started_at": self.started_at, "ended_at": ended_at,
                   "exit": exit_, "signal": sig, "rule": "hung" if hang else None, "line": line}
         self.rel.append_jsonl("restarts.jsonl", record)
         self.last = {k: record[k] for k in ("exit", "signal", "rule", "line", "ended_at")}
@@ -171,8 +171,12 @@ class Supervisor:
                 if self.stopping:  # `fab stop` ends the server; just record how it ended
                     self.publish(state="off", next_attempt_at=None)
                     return self.finish(proc.wait())
-                failed = self.end_attempt(rc, hang)
+                ended_at = now_iso()
+                # What is left goes first (a hung server included: it exits by our TERM or
+                # KILL, and that is how its attempt ended); then the record.
                 stop_attempt(self.rel, proc, self.cfg.get("grace", 30.0), self)
+                rc = proc.returncode
+                failed = self.end_attempt(rc, hang, ended_at)
                 if self.stopping:
                     return self.finish(rc)
                 if not failed and self.cfg["restart"] != "always":

@@ -134,7 +134,10 @@ def stop_attempt(rel, proc, grace, waiter):
     while any(alive(p) for p in left) and time.monotonic() < deadline:
         proc.poll()
         waiter.sleep(0.05)
-    proc.wait()
+    try:
+        proc.wait(KILL_WAIT_S)
+    except subprocess.TimeoutExpired:  # stuck in the kernel; its returncode stays None
+        pass
     return {"terminated": sorted(targets - set(left)), "killed": left}
 
 
