@@ -1,0 +1,41 @@
+"""The `doctor` section of a host request, derived from the profile. Pure; no I/O.
+
+The host (tasks/hostside/specdoctor.py) reads the engine version and the drafter's and the
+target's config.json and evaluates the rule table over them; this module says which
+method, directories, draft length, runner env and prefix caching the profile asks for, each
+with the profile key a message should name, and which FAIL rules the profile accepts.
+"""
+from .modelcheck import _args, flag_key, models_request
+from .profile.types import Profile
+
+
+def _prefix_caching(profile, args):
+    name, value = args.get(flag_key("enable-prefix-caching"), (None, None))
+    if name is None:
+        # --no-enable-prefix-caching written as its own flag
+        nname, nvalue = args.get("no-enable-prefix-caching", (None, None))
+        if nname is not None and nvalue is True:
+            return {"value": False, "key": f"server.args.{nname}"}
+        return {"value": None, "key": None}
+    return {"value": bool(value), "key": f"server.args.{name}"}
+
+
+def doctor_request(profile: Profile):
+    """The doctor's inputs for this profile, or None when it does no speculative decoding."""
+    m = models_request(profile)
+    if not m or not m.get("method"):
+        return None
+    env = dict(profile.server.env)
+    v2 = env.get("VLLM_USE_V2_MODEL_RUNNER")
+    v2 = getattr(v2, "value", v2)
+    if isinstance(v2, str):
+        v2 = {"true": "1", "false": "0"}.get(v2.strip().lower(), v2.strip())
+    check = getattr(profile, "check", None)
+    return {
+        "engine": m["engine"], "method": m["method"],
+        "method_key": m["keys"].get("method"), "draft": m.get("draft"),
+        "draft_key": m["keys"].get("draft"), "target": m.get("target"),
+        "k": m.get("spec_tokens"), "v2_env": v2,
+        "prefix_caching": _prefix_caching(profile, _args(profile)),
+        "accept": list(check.accept) if check is not None else [],
+    }
