@@ -122,9 +122,10 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=Fa
     "prompts": "JSONL file of prompts ({\"prompt\": ...} or {\"messages\": [...]} per line)",
     "json": "print one JSON object per host on stdout",
     "compare": "print two saved --json results side by side: --compare A.json,B.json",
+    "repeat": "run the bench N times; report each figure's median and spread (default 1)",
 }))
 def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, prompts=None,
-          json=False, compare=None, parallel=32, accept_new_host_keys=False):
+          json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None):
     """Load the running server through its OpenAI API: tokens/s, TTFT, ITL, spec acceptance."""
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.

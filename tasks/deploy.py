@@ -73,7 +73,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     take_lock(host, ddir, "deploy")
     state = host.call("state", deploy_dir=ddir)
     running = state["alive"]
-    run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
+    checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
     rel = push_release(host, profile, ddir)
     if running:
         reporter.line(name, f"release {state['current']} is running: stopping it first")
@@ -109,6 +109,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
                         f"on port {profile.server.port}")
     result.summary = f"ready in {facts['seconds']:.1f} s ({server['release']})"
     result.data["ready_s"] = round(facts["seconds"], 3)
+    from .doctor import at_ready  # the start-up log's speculative-decoding evidence
+    result.data["findings"] = at_ready(host, profile, ddir, server["release"], checks, reporter)
     return result
 
 

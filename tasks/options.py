@@ -212,11 +212,13 @@ class BenchOptions(Common):
     prompts: Optional[str] = None
     json: bool = False
     compare: Optional[Tuple[str, str]] = None
+    repeat: int = 1  # runs of the bench; medians and spread (tasks/benchrepeat.py)
 
     @staticmethod
     def convert(flags):
         for key, default in BENCH_DEFAULTS.items():
             flags[key] = whole(key, flags.get(key), 1, default)
+        flags["repeat"] = whole("repeat", flags.get("repeat"), 1, 1)
         spec = flags.get("compare")
         if spec is not None:
             paths = tuple(p.strip() for p in str(spec).split(",") if p.strip())

@@ -5,15 +5,16 @@ target's config.json and evaluates the rule table over them; this module says wh
 method, directories, draft length, runner env and prefix caching the profile asks for, each
 with the profile key a message should name, and which FAIL rules the profile accepts.
 """
-from .modelcheck import _args, flag_key, models_request
+from .modelcheck import models_request
+from .profile.serverargs import ServerArgs
 from .profile.types import Profile
 
 
-def _prefix_caching(profile, args):
-    name, value = args.get(flag_key("enable-prefix-caching"), (None, None))
+def _prefix_caching(args):
+    """{value: True | False | None (not set: vLLM's default, on), key} of prefix caching."""
+    name, value = args.get("enable-prefix-caching")
     if name is None:
-        # --no-enable-prefix-caching written as its own flag
-        nname, nvalue = args.get("no-enable-prefix-caching", (None, None))
+        nname, nvalue = args.get("no-enable-prefix-caching")  # the negative flag as its own key
         if nname is not None and nvalue is True:
             return {"value": False, "key": f"server.args.{nname}"}
         return {"value": None, "key": None}
@@ -36,6 +37,6 @@ def doctor_request(profile: Profile):
         "method_key": m["keys"].get("method"), "draft": m.get("draft"),
         "draft_key": m["keys"].get("draft"), "target": m.get("target"),
         "k": m.get("spec_tokens"), "v2_env": v2,
-        "prefix_caching": _prefix_caching(profile, _args(profile)),
+        "prefix_caching": _prefix_caching(ServerArgs(profile.server.args)),
         "accept": list(check.accept) if check is not None else [],
     }

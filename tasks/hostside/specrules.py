@@ -80,7 +80,7 @@ RULES = (
          "bench with enable-prefix-caching = true, then = false (same prompts, fab bench "
          "--repeat 3 each), and compare: acceptance that recovers with caching off confirms it"),
     # vLLM drafts num_speculative_tokens and ignores block_size; a block holds the anchor too.
-    Rule("spec-draft-length", "vllm", "",
+    Rule("spec-draft-length", "", "",
          (("method", "dflash"), ("draft_too_long", True)), "WARN",
          "{k_key} = {k} is more than {block_limit}, the most the drafter's block_size = "
          "{block_size} allows ({draft_config})",

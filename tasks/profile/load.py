@@ -17,6 +17,7 @@ from pathlib import Path
 from ..errors import ProfileError
 from .types import Profile
 from .check import Checker, describe
+from .checktable import read_check
 from .schema import build
 from .toml_text import dumps
 
@@ -41,6 +42,7 @@ def load_profile(path, *, environ=os.environ):
         data, origins, chain = _load_tree(top, ())
         ck = Checker(top, origins, environ)
         target, server, ready, gpu, cluster = build(ck, data, Path(top).stem)
+        check = read_check(ck, data)  # [check] accept (tasks/profile/checktable.py)
         # Saved in every release: make it stand alone (no extends, name explicit, files absolute).
         data.setdefault("target", {})["name"] = target.name
         if server.files:
@@ -52,7 +54,7 @@ def load_profile(path, *, environ=os.environ):
         path=Path(top).resolve(), target=target, server=server, ready=ready, gpu=gpu,
         cluster=cluster, resolved_toml=resolved,
         digest=hashlib.sha256(resolved.encode("utf-8")).hexdigest(),
-        sources=tuple(Path(f).resolve() for f in chain),
+        sources=tuple(Path(f).resolve() for f in chain), check=check,
     )
 
 

@@ -11,6 +11,7 @@ from .args import flag_key, read_args, read_env
 from .check import REQUIRED, no_nul_or_dates
 
 TOP_KEYS = ("extends", "target", "server", "ready", "gpu", "cluster")
+TOP_KEYS += ("check",)  # [check] accept: tasks/profile/checktable.py
 TARGET_KEYS = ("hosts", "name", "workdir", "keep_releases")
 SERVER_KEYS = ("engine", "python", "model", "host", "port", "command", "files", "args", "env")
 READY_KEYS = ("timeout", "poll_interval", "health_path", "models_path", "served_name")

@@ -5,6 +5,8 @@ Mappings are kept as tuples of (key, value) pairs in file order so the objects
 stay hashable and immutable; `dict(pairs)` gives a plain dict when needed.
 """
 from dataclasses import dataclass, field
+
+from .checktable import CheckCfg
 from pathlib import Path
 from typing import Optional, Tuple, Union
 
@@ -108,6 +110,7 @@ class Profile:
     resolved_toml: str                           # merged profile as TOML, secrets redacted; saved in each release
     digest: str                                  # sha256 of resolved_toml (first 12 hex digits shown)
     sources: Tuple[Path, ...] = ()               # the files read: the given one first, then each it extends
+    check: CheckCfg = CheckCfg()                 # [check] accept = [doctor rule ids]
 
     @property
     def served_name(self):
