@@ -86,7 +86,7 @@ RULES = (
          "{block_size} allows ({draft_config})",
          "set {k_key} = {block_limit}",
          "z-lab/dflash README (num_speculative_tokens 15 for block-16 drafters); arXiv 2602.06036", 4,
-         "bench k = {block_limit} against a shorter k (e.g. 8) with fab bench --compare"),
+         "bench k = block_size - 1 (15 for block 16) against a shorter k such as 8, same prompts"),
     Rule("spec-layer-out-of-range", "", "", (("layers_out_of_range", True),), "FAIL",
          "{draft_config}: {layer_ids_key} = {layer_ids} has {bad_layers} outside 0 .. "
          "{last_layer} (the target has {n_layers} layers, {target_config}): this drafter was "
