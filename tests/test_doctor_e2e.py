@@ -90,11 +90,11 @@ MATRIX = [
      {"vllm-dflash-swa-ignored", "vllm-dflash-swa-needs-v2"}),
     ("0.26.0", {"env": "0", "caching": False}, {"vllm-dflash-swa-needs-v2"}, {"vllm-dflash-swa-refused"}),
     ("0.26.0", {"env": "", "caching": False}, set(), {"vllm-dflash-swa-needs-v2"}),
-    ("0.33.0", {"drafter": FULL}, {"vllm-dflash-prefix-caching"}, {"spec-mask-token"}),
+    ("0.33.0", {"drafter": FULL, "caching": True}, {"vllm-dflash-prefix-caching"}, {"spec-mask-token"}),
     ("0.33.0", {"drafter": BAD, "caching": False}, {"spec-mask-token"}, {"vllm-dflash-prefix-caching"}),
     ("0.33.0", {"caching": False, "extra": ['speculative-config.num_speculative_tokens = 16']},
      {"spec-draft-length"}, set()),
-    ("0.33.0", {"caching": False}, set(), {"spec-draft-length", "vllm-dflash-swa-needs-v2",
+    ("0.33.0", {}, set(), {"spec-draft-length", "vllm-dflash-swa-needs-v2", "vllm-dflash-prefix-caching",
                                            "vllm-dflash-swa-refused", "vllm-dflash-swa-ignored"}),
 ]
 
@@ -115,16 +115,16 @@ def test_check_reports_each_rule_on_both_sides_of_its_range(lab, version, opts, 
 
 def test_seed_case_end_to_end(lab):
     """vLLM 0.20.1, the seed profile as it was deployed (no runner env, prefix caching on in
-    the base profile): check names the offset and the sliding window; deployed anyway (the
+    the base profile, which the shipped one now turns off): check names the offset and the sliding window; deployed anyway (the
     FAIL accepted), the start-up log shows the unshifted tuple; at ~1.1% acceptance status
     says broken and lists those findings as causes."""
-    seed = profile(lab, "seed", "0.20.1", env="")
+    seed = profile(lab, "seed", "0.20.1", env="", caching=True)
     r, obj, _ = check(lab, seed)
     assert r.returncode == 1
     assert {"vllm-dflash-layer-offset", "vllm-dflash-swa-ignored", "vllm-dflash-prefix-caching"} \
         == {f["rule"] for f in obj["findings"]}, r.stderr
-    prof = profile(lab, "seed", "0.20.1", env="", accept=["vllm-dflash-swa-ignored"], port=30932,
-                   extra=[])
+    prof = profile(lab, "seed", "0.20.1", env="", caching=True, accept=["vllm-dflash-swa-ignored"],
+                   port=30932)
     prof.write_text(prof.read_text() + '[server.env]\nSTANDIN_TOKENS_PER_S = "4000"\n')
     d = lab.fab("deploy", "--json", profile=prof)
     try:

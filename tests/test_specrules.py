@@ -201,8 +201,9 @@ def test_log_evidence(tmp_path, line, rule):
     assert [f["rule"] for f in ev["findings"]] == ([rule] if rule else [])
     assert ev["runner"] == ("v1" if "gpu_model_runner" in line else "v2")
     assert ev["aux_line"].startswith("Using ")
-    for f in ev["findings"]:
-        assert f["evidence"] == "log" and "0.33.0" in f["message"] or rule != "vllm-dflash-layer-offset"
+    assert all(f["evidence"] == "log" for f in ev["findings"])
+    if rule == "vllm-dflash-layer-offset":  # whatever the version says: here a "fixed" 0.33.0
+        assert "vLLM 0.33.0" in ev["findings"][0]["message"]
 
 
 def test_log_runner_lines():
@@ -211,3 +212,14 @@ def test_log_runner_lines():
                          "processors; using the V1 model runner instead.\n")
     assert seen["runner"] == "v1" and seen["v1_because"] == "custom logits processors"
     assert speclog.parse("nothing here\n")["aux_layers"] is None
+
+
+def test_log_mtp_warning_is_an_info_finding(tmp_path):
+    req = dict(request(tmp_path), method="mtp")
+    facts = specfacts.facts(req, "0.33.0")
+    line = ("WARNING 05-02 10:11:12 [speculative.py:1491] Enabling num_speculative_tokens > 1 will run "
+            "multiple times of forward on same MTP layer,which may result in lower acceptance rate")
+    ev = speclog.evidence(facts, line + "\n")
+    assert [(f["rule"], f["severity"], f["evidence"]) for f in ev["findings"]] == [
+        ("vllm-mtp-layer-reused", "INFO", "log")]
+    assert speclog.evidence(facts, "INFO nothing\n")["findings"] == []

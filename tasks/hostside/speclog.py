@@ -28,6 +28,9 @@ AUX = re.compile(r"(Using (?:auxiliary layers from speculative config|Eagle3 aux
                  r"from (config|model))): \(([-\d,\s]*)\)")
 V2_IN_USE = "Using V2 Model Runner"
 FALLBACK = re.compile(r"Model Runner V2 does not yet support (.*?); using the V1 model runner instead")
+# Warnings that a drafter runs other than its config suggests (vllm/config/speculative.py).
+MTP_REUSED = re.compile(r"Enabling num_speculative_tokens > 1 will run multiple times of forward "
+                        r"on same MTP layer.*")
 EVIDENCE_FILE = "spec-evidence.json"
 SCAN_BYTES = 32 << 20  # the lines come before "ready"; a huge log's tail is not needed
 
@@ -35,7 +38,7 @@ SCAN_BYTES = 32 << 20  # the lines come before "ready"; a huge log's tail is not
 def parse(text):
     """{aux_layers, aux_from, aux_line, runner, runner_line, v1_because} from log text."""
     out = {"aux_layers": None, "aux_from": None, "aux_line": None, "runner": None,
-           "runner_line": None, "v1_because": None}
+           "runner_line": None, "v1_because": None, "mtp_line": None}
     for line in text.splitlines():
         m = AUX.search(line)
         if m and out["aux_layers"] is None:
@@ -46,6 +49,9 @@ def parse(text):
                 out["runner"] = "v2" if m.group(2) else "v1"
         if V2_IN_USE in line:
             out["runner"], out["runner_line"] = "v2", line[line.index(V2_IN_USE):].strip()
+        w = MTP_REUSED.search(line)
+        if w:
+            out["mtp_line"] = w.group(0).strip()
         f = FALLBACK.search(line)
         if f:
             out["runner"], out["v1_because"] = "v1", f.group(1)
@@ -58,6 +64,7 @@ def log_facts(facts, seen):
     f = dict(facts)
     f.update({k: v for k, v in seen.items() if v is not None})
     aux, ids = seen.get("aux_layers"), facts.get("layer_ids")
+    f["mtp_reused"] = bool(seen.get("mtp_line"))
     f["runner_name"] = (seen.get("runner") or facts.get("runner") or "?").upper()
     if aux is not None and ids:
         shifted = [i + 1 for i in ids]
@@ -99,7 +106,7 @@ def op_spec_evidence(req):
         return {"evidence": None}
     ev = evidence(facts, _read_head(os.path.join(rdir, "server.log")),
                   (req.get("doctor") or {}).get("accept") or ())
-    if ev["aux_layers"] is not None or ev["runner"] is not None:
+    if ev["aux_layers"] is not None or ev["runner"] is not None or ev["mtp_line"]:
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(ev, f, indent=1)

@@ -131,6 +131,13 @@ LOG_RULES = (
          "check that speculative-config.model is the drafter made for this target, and which "
          "config the engine read",
          "vllm-project/vllm PR #40727 (vLLM adds 1 to DFlash's target_layer_ids)", 1),
+    # vllm/config/speculative.py (0.19.1 - 0.33.0) warns when an MTP head is run k > 1 times.
+    Rule("vllm-mtp-layer-reused", "vllm", "", (("mtp_reused", True),), "INFO",
+         "server.log: `{mtp_line}`: the one MTP layer drafts all {k} tokens, so acceptance falls "
+         "with the position",
+         "compare k = 1 and k = 3 with fab bench --compare; keep the k with the better output tok/s",
+         "vllm/config/speculative.py (MTP num_speculative_tokens > 1 warning)", 5,
+         "bench num_speculative_tokens = 1 against 3 (same prompts): the faster output tok/s wins"),
 )
 
 # Which model runner a vLLM uses when VLLM_USE_V2_MODEL_RUNNER is unset, read in
