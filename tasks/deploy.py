@@ -93,6 +93,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",
                         {"release": server["release"], "pid": server["pid"]})
     if opts.no_wait:
+        from .doctor import split  # the preflight's findings; the log is read later by status
+        result.data["findings"] = split(checks)[1]
         return result
 
     if launched is not None:  # what Ctrl-C leaves running (the task body says so)

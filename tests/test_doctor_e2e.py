@@ -125,7 +125,8 @@ def test_seed_case_end_to_end(lab):
         == {f["rule"] for f in obj["findings"]}, r.stderr
     prof = profile(lab, "seed", "0.20.1", env="", caching=True, accept=["vllm-dflash-swa-ignored"],
                    port=30932)
-    prof.write_text(prof.read_text() + '[server.env]\nSTANDIN_TOKENS_PER_S = "4000"\n')
+    prof.write_text(prof.read_text() + '[server.env]\nSTANDIN_TOKENS_PER_S = "4000"\n'
+                    'STANDIN_PREFIX_HIT_RATE = "0.4"\n')
     d = lab.fab("deploy", "--json", profile=prof)
     try:
         assert d.returncode == 0, d.stdout + d.stderr
@@ -146,7 +147,8 @@ def test_seed_case_end_to_end(lab):
         rules = [f["rule"] for f in st["findings"]]
         assert rules[0] == "vllm-dflash-swa-ignored" and "vllm-dflash-layer-offset" in rules, rules
         assert [f["evidence"] for f in st["findings"] if f["rule"] == "vllm-dflash-layer-offset"] == ["log"]
-        assert st["evidence"]["prefix_cache_hit_rate"] is not None
+        assert st["evidence"]["prefix_cache_hit_rate"] == pytest.approx(0.4, abs=0.01)
+        assert re.search(r"prefix cache hit rate (39|40)\.\d% over the same window", s.stderr), s.stderr
         assert "verdict: broken" in s.stderr and "likely cause: vllm-dflash-swa-ignored" in s.stderr
     finally:
         lab.fab("stop", "--grace", "5", profile=prof)
@@ -191,3 +193,37 @@ def test_refusing_versions_fail_at_start_with_the_real_text(lab):
         d = lab.fab("deploy", profile=prof)
         assert d.returncode == 1, d.stdout + d.stderr
         assert text in d.stdout + d.stderr
+
+
+def test_prefix_caching_ab_decides(lab, tmp_path):
+    """The rule's A/B recipe: the same DFlash deployment with prefix caching on (40% of the
+    prompt tokens hit the cache) and off, each benched twice; --compare's last line says the
+    side without caching wins on acceptance, beyond the spread."""
+    sides = {}
+    for caching in (True, False):
+        name = "ab-on" if caching else "ab-off"
+        prof = profile(lab, name, "0.33.0", caching=caching, port=30935)
+        prof.write_text(prof.read_text() + '[server.env]\nSTANDIN_TOKENS_PER_S = "4000"\n'
+                        'STANDIN_PREFIX_HIT_RATE = "0.4"\n')
+        d = lab.fab("deploy", profile=prof)
+        try:
+            assert d.returncode == 0, d.stdout + d.stderr
+            assert ("WARN vllm-dflash-prefix-caching" in d.stdout) is caching
+            b = lab.fab("bench", "--json", "--repeat", "2", "--requests", "4", "--max-tokens", "128",
+                        profile=prof)
+            assert b.returncode == 0, b.stdout + b.stderr
+            sides[name] = tmp_path / f"{name}.json"
+            sides[name].write_text(b.stdout)
+            rec = json.loads(b.stdout)
+            if caching:
+                assert rec["spec"]["evidence"]["prefix_cache_hit_rate"] == pytest.approx(0.4, abs=0.01)
+                assert [f["rule"] for f in rec["spec"]["findings"]] == ["vllm-dflash-prefix-caching"]
+            else:
+                assert "prefix_cache_hit_rate" not in rec["spec"]["evidence"]
+        finally:
+            lab.fab("stop", "--grace", "5", profile=prof)
+    cmp = lab.fab("bench", "--compare", f"{sides['ab-on']},{sides['ab-off']}")
+    assert cmp.returncode == 0, cmp.stderr
+    last = cmp.stdout.splitlines()[-1]
+    # 0.62 against 0.62 * (1 - 0.4): +67% (medians rounded to 3 digits)
+    assert re.search(r"acceptance: ab-off better by 6[67]\.\d% \(beyond the spread\)$", last), cmp.stdout

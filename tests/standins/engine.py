@@ -15,7 +15,9 @@ Knobs (environment variables, set by tests through the profile's [server.env]):
     STANDIN_IGNORE_TERM    1: server and child ignore SIGTERM
     STANDIN_READY_FILE     write time.time() there when the port opens
     STANDIN_FATAL_FILE     write time.time() there when the fatal line is printed
-    STANDIN_ACCEPT_RATE    speculative acceptance rate (0.62)
+    STANDIN_ACCEPT_RATE    speculative acceptance rate (0.62); the stand-in vLLM's version may
+                           lower it as that release does (specversions.py: STANDIN_BROKEN_ACCEPT,
+                           STANDIN_PREFIX_HIT_RATE)
     STANDIN_TOKENS_PER_S   generation speed per request (200)
     STANDIN_LOG_INTERVAL   seconds between throughput / SpecDecoding log lines (10)
 

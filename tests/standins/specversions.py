@@ -19,8 +19,9 @@ Read in the released wheels (file and version beside each copied text):
     runner; 0.29.0+ refuse V1 at config time (ValueError, vllm/config/vllm.py).
   - The unshifted layers cost ~15% acceptance length (PR #40727's measurements).
   - DFlash with prefix caching (on unless --no-enable-prefix-caching, vllm/config/cache.py):
-    acceptance falls with the hit rate (issue #47930): STANDIN_PREFIX_HIT_RATE (0.5) of the
-    prompt tokens hit the cache, and acceptance is scaled by 1 - hit rate.
+    acceptance falls with the hit rate (issue #47930): STANDIN_PREFIX_HIT_RATE of the prompt
+    tokens hit the cache (0: a workload without shared prefixes, unless a test says
+    otherwise), and acceptance is scaled by 1 - hit rate.
 """
 import json
 import os
@@ -127,7 +128,7 @@ class Drafter:
 
 
 def prefix_hit_rate():
-    return float(os.environ.get("STANDIN_PREFIX_HIT_RATE", "0.5"))
+    return float(os.environ.get("STANDIN_PREFIX_HIT_RATE", "0"))
 
 
 def add_prefix_counters(metrics, prefix_caching):
