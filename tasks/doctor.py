@@ -1,9 +1,9 @@
 """The speculative-decoding doctor, client side: findings in check/deploy/status/bench.
 
-The rules run on the host (tasks/hostside/specdoctor.py: the preflight's records carry
-each finding; op spec_findings answers status and bench); the start-up log's evidence is
-scanned on the host once the server is ready and kept in the release directory as
-spec-evidence.json (tasks/hostside/speclog.py). Here: split findings out of preflight
+The rules run on the host: the preflight's records carry each finding
+(tasks/hostside/specdoctor.py); op spec_evidence (tasks/hostside/speclog.py) answers the
+same findings plus the start-up log's evidence, scanned once the server is ready and kept
+in the release directory as spec-evidence.json. Here: split findings out of preflight
 records for --json, print the log evidence at the ready line, and join everything into the
 live verdict (tasks/specverdict.py).
 """
@@ -69,15 +69,13 @@ def merge(version_findings, ev):
 
 
 def deployment_findings(host, profile, ddir, release):
-    """(answer of spec_findings, findings incl. the log's) for a running deployment, or (None, [])."""
+    """(the host's spec_evidence answer, findings incl. the log's) of a running deployment,
+    or (None, []) without speculative decoding. One agent request."""
     req = doctor_request(profile)
     if req is None:
         return None, []
-    ans = host.call("spec_findings", doctor=req)
-    ev = None
-    if release:
-        ev = host.call("spec_evidence", deploy_dir=ddir, release=release, doctor=req, scan=False)["evidence"]
-    return ans, merge(ans["findings"], ev)
+    ans = host.call("spec_evidence", deploy_dir=ddir, release=release, doctor=req, scan=False)
+    return ans, merge(ans["findings"], ans["evidence"])
 
 
 def prefix_hit_rate(after, before=None):

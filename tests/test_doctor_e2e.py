@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from lab import REPO, HostLab, wait_for
+from lab import REPO, HostLab
 from standins import build_ml_env
 from test_modelcheck import DRAFT, TARGET
 
@@ -23,6 +23,8 @@ CONFIGS = REPO / "configs"
 VERSIONS = ("0.19.1", "0.20.1", "0.21.0", "0.22.0", "0.24.0", "0.25.0", "0.26.0", "0.33.0")
 FULL = "/root/models/Full-DFlash"       # the same drafter with every layer full attention
 BAD = "/root/models/Broken-DFlash"      # mask_token_id past the target's vocabulary
+DEEP = "/root/models/Deep-DFlash"       # a target layer id past the target's 64 layers
+EMPTY = "/root/models/Empty-DFlash"     # no config.json
 LINE = re.compile(r"^\[h1\] (OK|WARN|FAIL) +(\S+) +(.*)$")
 
 
@@ -33,10 +35,14 @@ def lab():
         full = dict(copy.deepcopy(DRAFT), layer_types=["full_attention"] * 5)
         bad = copy.deepcopy(DRAFT)
         bad["dflash_config"]["mask_token_id"] = 248320
+        deep = copy.deepcopy(DRAFT)
+        deep["dflash_config"]["target_layer_ids"] = [1, 16, 31, 46, 64]
         for name, config in (("Qwen3.6-27B", TARGET), ("Qwen3.6-27B-DFlash", DRAFT),
-                             ("Full-DFlash", full), ("Broken-DFlash", bad)):
+                             ("Full-DFlash", full), ("Broken-DFlash", bad), ("Deep-DFlash", deep),
+                             ("Empty-DFlash", None)):
             (models / name).mkdir(parents=True)
-            (models / name / "config.json").write_text(json.dumps(config, indent=1))
+            if config is not None:
+                (models / name / "config.json").write_text(json.dumps(config, indent=1))
         lab.envs = {v: build_ml_env(lab.root / f"ml-env-{v}", vllm_version=v) for v in VERSIONS}
         yield lab
 
@@ -80,7 +86,8 @@ def check(lab, prof):
 
 # (version, profile options, rules that must be found, rules that must not)
 MATRIX = [
-    ("0.19.1", {"drafter": FULL, "caching": False}, {"vllm-dflash-unsupported"}, {"vllm-dflash-layer-offset"}),
+    ("0.19.1", {"caching": True}, {"vllm-dflash-unsupported"},
+     {"vllm-dflash-layer-offset", "vllm-dflash-swa-ignored", "vllm-dflash-prefix-caching"}),
     ("0.20.1", {"drafter": FULL, "caching": False, "env": "0"},
      {"vllm-dflash-layer-offset"}, {"vllm-dflash-unsupported"}),
     ("0.21.0", {"env": "0", "caching": False}, {"vllm-dflash-layer-offset", "vllm-dflash-swa-ignored"}, set()),
@@ -92,10 +99,13 @@ MATRIX = [
     ("0.26.0", {"env": "", "caching": False}, set(), {"vllm-dflash-swa-needs-v2"}),
     ("0.33.0", {"drafter": FULL, "caching": True}, {"vllm-dflash-prefix-caching"}, {"spec-mask-token"}),
     ("0.33.0", {"drafter": BAD, "caching": False}, {"spec-mask-token"}, {"vllm-dflash-prefix-caching"}),
+    ("0.33.0", {"drafter": DEEP, "caching": False}, {"spec-layer-out-of-range"}, {"spec-drafter-config"}),
+    ("0.33.0", {"drafter": EMPTY, "caching": False}, {"spec-drafter-config"}, {"spec-layer-out-of-range"}),
     ("0.33.0", {"caching": False, "extra": ['speculative-config.num_speculative_tokens = 16']},
      {"spec-draft-length"}, set()),
     ("0.33.0", {}, set(), {"spec-draft-length", "vllm-dflash-swa-needs-v2", "vllm-dflash-prefix-caching",
-                                           "vllm-dflash-swa-refused", "vllm-dflash-swa-ignored"}),
+                           "vllm-dflash-swa-refused", "vllm-dflash-swa-ignored", "spec-mask-token",
+                           "spec-layer-out-of-range", "spec-drafter-config", "vllm-dflash-unsupported"}),
 ]
 
 

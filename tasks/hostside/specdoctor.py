@@ -84,12 +84,10 @@ def run(req):
     return facts, evaluate(facts, req.get("accept") or ())
 
 
-def op_spec_findings(req):
-    facts, found = run(req.get("doctor"))
-    return {"version": facts.get("version"), "findings": found,
-            "method": facts.get("method"), "k": facts.get("k"),
-            "prefix_caching": facts.get("prefix_caching"),
-            "layer_ids": facts.get("layer_ids"), "runner": facts.get("runner")}
-
-
-OPS = {"spec_findings": op_spec_findings}
+def summary(doctor):
+    """(facts, what status and bench need to judge live acceptance: findings, method, k, ...)."""
+    facts, found = run(doctor)
+    return facts, {"version": facts.get("version"), "findings": found,
+                   "method": facts.get("method"), "k": facts.get("k"),
+                   "prefix_caching": facts.get("prefix_caching"),
+                   "layer_ids": facts.get("layer_ids"), "runner": facts.get("runner")}

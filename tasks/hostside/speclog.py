@@ -92,18 +92,22 @@ def _read_head(path):
 
 
 def op_spec_evidence(req):
-    """Scan the release's log (`scan`: true) and store the evidence, or read what was stored."""
+    """The doctor's view of a release, in one request: the version and config findings
+    (specdoctor.summary) and the start-up log's evidence: scanned now and stored (`scan`:
+    true, deploy at ready), else read from spec-evidence.json (status, bench)."""
+    facts, out = specdoctor.summary(req.get("doctor"))
+    out["evidence"] = None
+    if not facts or not req.get("release"):
+        return out
     rdir = os.path.join(expand(req["deploy_dir"]), "releases", req["release"])
     path = os.path.join(rdir, EVIDENCE_FILE)
     if not req.get("scan"):
         try:
             with open(path) as f:
-                return {"evidence": json.load(f)}
+                out["evidence"] = json.load(f)
+            return out
         except (OSError, ValueError):
             pass  # never scanned (deployed with --no-wait, or by an older llmfab): scan now
-    facts, _ = specdoctor.run(req.get("doctor"))
-    if not facts:
-        return {"evidence": None}
     ev = evidence(facts, _read_head(os.path.join(rdir, "server.log")),
                   (req.get("doctor") or {}).get("accept") or ())
     if ev["aux_layers"] is not None or ev["runner"] is not None or ev["mtp_line"]:
@@ -111,7 +115,8 @@ def op_spec_evidence(req):
         with open(tmp, "w") as f:
             json.dump(ev, f, indent=1)
         os.replace(tmp, path)
-    return {"evidence": ev}
+    out["evidence"] = ev
+    return out
 
 
 OPS = {"spec_evidence": op_spec_evidence}
