@@ -127,6 +127,17 @@ def test_llmfab_keeps_fabs_help_and_exit_2_on_bad_arguments(installed, userdir):
         assert r.returncode == 2 and r.stderr.startswith("error: ") and "`llmfab --help TASK`" in r.stderr, r.stderr
 
 
+def test_the_config_key_llmfab_profile_comes_from_the_users_fabric_config(installed, userdir, tmp_path):
+    _, bin_dir, _ = installed
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".fabric.yaml").write_text("llmfab:\n  profile: prod.toml\n")
+    (userdir / "prod.toml").write_text((REPO / "configs" / "demo.toml").read_text())
+    shutil.copy(REPO / "configs" / "demo_server.py", userdir / "demo_server.py")
+    r = ok(run([bin_dir / "llmfab", "deploy", "--dry-run"], cwd=userdir, env={"HOME": str(home)}))
+    assert r.stdout.startswith(f"profile: {userdir / 'prod.toml'} "), r.stdout
+
+
 def test_a_relative_profile_is_found_in_the_users_directory_and_deploys_to_a_lab_host(installed, userdir, lab):
     _, bin_dir, how = installed
     shutil.copy(REPO / "configs" / "demo_server.py", userdir / "demo_server.py")
