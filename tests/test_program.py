@@ -5,10 +5,12 @@ module; its dependencies are this interpreter's, reached through a .pth file, so
 downloaded. The user's directory has its own tasks.py: `llmfab --list` shows llmfab's tasks
 (word for word what `fab --list` shows in the checkout), `invoke --list` the user's; a profile
 given as ./p.toml is found there and deployed to a lab host; `llmfab deploy` with no profile
-runs the shipped demo on this machine. That demo runs in a network namespace of its own, with
+runs the shipped demo on this machine; `llmfab -H h1 -- CMD` runs CMD there, as fab does. The
+demo runs in a network namespace of its own, with
 its own HOME, so its default port and workdir never meet another run of the demo here.
 """
 import configparser
+import functools
 import os
 import shutil
 import signal
@@ -83,6 +85,12 @@ def run(argv, cwd, env=None, timeout=180):
                           timeout=timeout)
 
 
+@functools.lru_cache(maxsize=None)
+def fab_in_checkout(*args):
+    """stdout of `fab ARGS` in the checkout (computed once for both installs)."""
+    return ok(run([sys.executable, "-m", "fabric", *args], cwd=REPO)).stdout
+
+
 def ok(r):
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr}"
     assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
@@ -106,8 +114,7 @@ def test_llmfab_lists_its_tasks_and_invoke_the_users_own(installed, userdir):
     python, bin_dir, _ = installed
     mine = ok(run([bin_dir / "llmfab", "--list"], cwd=userdir))
     assert listed(mine.stdout) == TASKS
-    in_checkout = ok(run([sys.executable, "-m", "fabric", "--list"], cwd=REPO))
-    assert mine.stdout == in_checkout.stdout
+    assert mine.stdout == fab_in_checkout("--list")
     theirs = ok(run([python, "-m", "invoke", "--list"], cwd=userdir))
     assert listed(theirs.stdout) == ["hello"]
 
@@ -116,7 +123,7 @@ def test_llmfab_keeps_fabs_help_and_exit_2_on_bad_arguments(installed, userdir):
     _, bin_dir, _ = installed
     for task in TASKS:
         mine = ok(run([bin_dir / "llmfab", "--help", task], cwd=userdir)).stdout
-        fab = ok(run([sys.executable, "-m", "fabric", "--help", task], cwd=REPO)).stdout
+        fab = fab_in_checkout("--help", task)
         assert mine.split("\n", 1)[1] == fab.split("\n", 1)[1], task
         assert mine.startswith(f"Usage: llmfab [--core-opts] {task} ")
     core = ok(run([bin_dir / "llmfab", "--help"], cwd=userdir)).stdout
@@ -156,6 +163,8 @@ def test_a_relative_profile_is_found_in_the_users_directory_and_deploys_to_a_lab
         current = (lab.home("h1") / "llmfab" / name / "current").resolve()
         assert (current / "demo_server.py").read_bytes() == (userdir / "demo_server.py").read_bytes()
         assert "[h1] running" in ok(run(llmfab + ["status", "--profile", "p.toml", "-H", "h1"], cwd=userdir)).stdout
+        # No task, a command after `--`: Fabric's own run-on-hosts mode, as with fab.
+        assert ok(run(llmfab + ["-H", "h1", "--", "hostname"], cwd=userdir)).stdout.strip() == "h1"
     finally:
         ok(run(llmfab + ["stop", "--profile", "p.toml", "-H", "h1"], cwd=userdir))
 
@@ -186,6 +195,7 @@ class PrivateNetwork:
         subprocess.run(["ip", "netns", "del", self.name], check=True)
 
 
+@pytest.mark.e2e
 def test_llmfab_deploy_without_a_profile_runs_the_shipped_demo_here(installed, userdir, tmp_path):
     from conftest import require_lab
     require_lab()  # root and iproute2, as for the lab
