@@ -5,9 +5,9 @@ module; its dependencies are this interpreter's, reached through a .pth file, so
 downloaded. The user's directory has its own tasks.py: `llmfab --list` shows llmfab's tasks
 (word for word what `fab --list` shows in the checkout), `invoke --list` the user's; a profile
 given as ./p.toml is found there and deployed to a lab host; `llmfab deploy` with no profile
-runs the shipped demo on this machine; `llmfab -H h1 -- CMD` runs CMD there, as fab does. The
-demo runs in a network namespace of its own, with
-its own HOME, so its default port and workdir never meet another run of the demo here.
+runs the shipped demo on this machine; `llmfab -H h1 -- CMD` runs CMD on h1, as fab does.
+The demo runs in a network namespace of its own, with its own HOME, so its default port and
+workdir never meet another run of the demo here.
 """
 import configparser
 import functools
