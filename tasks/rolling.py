@@ -30,22 +30,17 @@ ROLLED = ("new", "back", "untouched", "stopped")
 
 
 def batch_size(flag, profile, no_wait):
-    """N from --rolling (else [target] rolling), or None for all at once; UsageError if bad."""
-    size, where = flag, "--rolling"
-    if size is None and profile.target.rolling is not None:
-        size, where = profile.target.rolling, f"{profile.path}: [target] rolling"
-    if size is None:
-        return None
-    try:
-        n = int(size)
-        if n != float(size) or n < 1:
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
-        raise UsageError(f"{where} expects a whole number of hosts >= 1 (got {size!r})") from None
-    if no_wait:
-        raise UsageError(f"{where} = {n} waits for each batch to be ready before the next one; "
-                         "it cannot be combined with --no-wait (nothing was done)")
-    return n
+    """N from --rolling (parsed by tasks/options.py), else [target] rolling; None: all at once.
+
+    UsageError (nothing done) when the profile's rolling meets --no-wait."""
+    if flag is not None:
+        return flag
+    size = profile.target.rolling
+    if size is not None and no_wait:
+        raise UsageError(f"{profile.path}: [target] rolling = {size} waits for each batch to be "
+                         "ready before the next one; it cannot be combined with --no-wait "
+                         "(nothing was done)")
+    return size
 
 
 def batches(hosts, size):

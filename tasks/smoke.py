@@ -30,3 +30,12 @@ def smoke_test(host, profile, reporter):
     reporter.line(host.name, f"smoke: {res['model']} answered a 1-token completion "
                              f"({res['text']!r}) in {res['seconds']:.2f} s")
     return res
+
+
+def smoke_after(result, host, profile, reporter):
+    """smoke_test after a deploy: its record joins the host's result (and --json object)."""
+    res = smoke_test(host, profile, reporter)
+    result.data["smoke"] = {"completion_tokens": res["completion_tokens"],
+                            "seconds": round(res["seconds"], 3)}
+    result.summary += ", answered a 1-token completion"
+    return result

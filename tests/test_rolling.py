@@ -22,6 +22,7 @@ from lab import REPO, HostLab, starttime, wait_for
 from tasks.profile.types import Target
 from tasks.rolling import batch_size, batches
 from tasks.errors import UsageError
+from tasks.options import DeployOptions
 
 HOSTS = [f"h{i}" for i in range(1, 7)]
 PORTS = {"roll-bad": 18460, "roll-good": 18461, "roll-first": 18462, "roll-nowait": 18463,
@@ -124,18 +125,24 @@ class _P:
         self.target = Target(hosts=(), name="n", workdir="~/x", rolling=rolling)
 
 
-@pytest.mark.parametrize("flag, prof, no_wait, want", [
-    (None, None, False, None), ("2", None, False, 2), (None, 3, False, 3), ("1", 3, False, 1),
-    ("0", None, False, "whole number"), ("1.5", None, False, "whole number"),
-    ("x", None, False, "whole number"), ("2", None, True, "--no-wait"),
-    (None, 2, True, "[target] rolling = 2 waits"),
+@pytest.mark.parametrize("flags, prof, want", [
+    ({}, None, None), ({"rolling": "2"}, None, 2), ({}, 3, 3), ({"rolling": "1"}, 3, 1),
+    ({"rolling": "0"}, None, "--rolling expects a positive integer"),
+    ({"rolling": "1.5"}, None, "--rolling expects a positive integer"),
+    ({"rolling": "2", "no_wait": True}, None, "--rolling waits for each host"),
+    ({"smoke": True, "no_wait": True}, None, "--smoke waits for each host"),
+    ({"no_wait": True}, 2, "p.toml: [target] rolling = 2 waits"),
 ])
-def test_batch_size_from_flag_or_profile(flag, prof, no_wait, want):
+def test_batch_size_from_flag_or_profile(flags, prof, want):
+    """--rolling wins over [target] rolling; either with --no-wait is bad input (exit 2)."""
     if isinstance(want, str):
-        with pytest.raises(UsageError, match=want.replace("[", r"\[")):
-            batch_size(flag, _P(prof), no_wait)
+        with pytest.raises(UsageError) as e:
+            opts = DeployOptions.from_flags(**flags)
+            batch_size(opts.rolling, _P(prof), opts.no_wait)
+        assert want in e.value.message and e.value.code == 2
     else:
-        assert batch_size(flag, _P(prof), no_wait) == want
+        opts = DeployOptions.from_flags(**flags)
+        assert batch_size(opts.rolling, _P(prof), opts.no_wait) == want
 
 
 # -- end to end ----------------------------------------------------------------------------
