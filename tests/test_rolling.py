@@ -26,7 +26,7 @@ from tasks.options import DeployOptions
 
 HOSTS = [f"h{i}" for i in range(1, 7)]
 PORTS = {"roll-bad": 18460, "roll-good": 18461, "roll-first": 18462, "roll-nowait": 18463,
-         "roll-int": 18464}  # one each: the deployments of earlier tests keep running
+         "roll-int": 18464, "roll-smoke": 18465}  # one each: the deployments of earlier tests keep running
 EVENTS = "standin-events.jsonl"
 FAULT = "standin-fail"
 
@@ -217,6 +217,23 @@ def test_a_host_with_no_earlier_release_is_stopped_and_later_ones_untouched(lab)
     assert not (lab.home("h2") / "llmfab" / "roll-first").exists()
     st = lab.fab("status", "-H", "h1", profile=prof)
     assert st.returncode == 1 and "not running" in st.stdout, st.stdout
+
+
+def test_a_release_that_is_ready_but_cannot_complete_fails_the_smoke_and_goes_back(lab):
+    # Readiness skips the model check and names a model the server does not serve: /health
+    # says ready, the 1-token completion gets "model does not exist" (HTTP 404).
+    for h in HOSTS:
+        (lab.tmp(h) / FAULT).unlink(missing_ok=True)
+    fab(lab, "deploy", "-H", "h1,h2", profile=profile(lab, "roll-smoke", faulty=False))
+    before = {h: server(lab, h, "roll-smoke") for h in ("h1", "h2")}
+    bad = profile(lab, "roll-smoke", faulty=True, extra=["rolling = 1"])
+    bad.write_text(bad.read_text().replace("[ready]", '[ready]\nmodels_path = ""\nserved_name = "wrong"'))
+    r = fab(lab, "deploy", "--smoke", "--json", "-H", "h1,h2", profile=bad, code=1)
+    rec = {o["host"]: o for o in json_lines(r.stdout)}
+    assert rec["h1"]["rolled"] == "back" and rec["h1"]["release"] == before["h1"]["release"], rec
+    assert "smoke test failed" in rec["h1"]["why"] and "does not exist" in rec["h1"]["why"], rec
+    assert serving(lab, "h1", "roll-smoke") == ["roll-m"]
+    assert rec["h2"]["rolled"] == "untouched" and server(lab, "h2", "roll-smoke") == before["h2"]
 
 
 def test_rolling_with_no_wait_is_bad_input_and_touches_nothing(lab):
