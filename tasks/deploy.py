@@ -195,5 +195,5 @@ def deploy(c, opts):
         from .releases import rollback_host
         from .rolling import deploy_rolling
         return deploy_rolling(c, profile, opts, size, deploy_one=one, on_interrupt=still_running,
-                              rollback_one=lambda h, r: rollback_host(h, profile, opts, r))
+                              rollback_one=lambda h, r, to: rollback_host(h, profile, opts, r, to=to))
     run_task(c, profile, op, opts, title="deploy", json_mode=opts.json, on_interrupt=still_running)

@@ -83,20 +83,18 @@ def host_step(host, *, ddir, deploy_one, rollback_one, stop_one, reporter):
         failed, code = e.message.splitlines()[0], int(e.code)
     try:
         now = _state(host, ddir)
-        running = _running(now)
-        if was is not None and running == was:
+        if was is None:
+            reporter.line(name, "rolling: no release ran here before: stopping it")
+            stop_one(host, reporter)
+            return _outcome(HostResult(name, code, "stopped"), "stopped", None,
+                            f"{failed}; no release ran here before: stopped")
+        if _running(now) == was:  # e.g. the preflight failed: nothing was launched
             why = f"{failed}; nothing new was launched: release {was} kept running"
             return _outcome(HostResult(name, code, f"kept {was}"), "back", was, why)
-        if was is not None and now.get("current") != was:
-            reporter.line(name, f"rolling: putting back release {was}")
-            back = rollback_one(host, reporter)
-            release = back.data.get("release")
-            return _outcome(HostResult(name, code, f"back on {release}", back.data), "back", release,
-                            f"{failed}; {back.summary}")
-        reporter.line(name, "rolling: no earlier release ran here: stopping it")
-        stop_one(host, reporter)
-        return _outcome(HostResult(name, code, "stopped"), "stopped", None,
-                        f"{failed}; no earlier release ran here: stopped")
+        reporter.line(name, f"rolling: putting back release {was}, the one that ran before")
+        back = rollback_one(host, reporter, was)
+        return _outcome(HostResult(name, code, f"back on {was}", back.data), "back", was,
+                        f"{failed}; {back.summary}")
     except LlmfabError as e:
         report_error(reporter, name, e)
         again = e.message.splitlines()[0]
@@ -206,8 +204,9 @@ def _summary(reporter, results):
 def deploy_rolling(c, profile, opts, size, *, deploy_one, rollback_one, on_interrupt):
     """The body of `fab deploy` once it knows the batch size (tasks/deploy.py hands over).
 
-    deploy_one(host, reporter) / rollback_one(host, reporter) -> HostResult, as `fab deploy`
-    and `fab rollback` do one host; on_interrupt() -> [(host, line)] said on a second Ctrl-C."""
+    deploy_one(host, reporter) and rollback_one(host, reporter, release) -> HostResult, as
+    `fab deploy` and `fab rollback` do one host; on_interrupt() -> [(host, line)] said on a
+    second Ctrl-C."""
     import sys
     from .deploy import deploy_dir
     from .errors import Interrupted, TaskFailed

@@ -177,6 +177,16 @@ def test_a_bad_release_stops_at_the_first_failed_batch_and_puts_it_back(lab):
     assert "the roll stopped at h3, h4 (batch 2 of 3)" in r.stderr, r.stderr
     summary = r.stderr[r.stderr.rindex("host "):]
     assert "untouched" in summary and "back" in summary
+    # Again, still broken on h3-4: back to the release that RAN there, not to the failed one
+    # that now lies between it and the newest.
+    r = fab(lab, "deploy", "--rolling", "2", "--json", profile=profile(lab, "roll-bad", faulty=True),
+            code=1)
+    rec = {o["host"]: o for o in json_lines(r.stdout)}
+    for h in ("h3", "h4"):
+        assert rec[h]["rolled"] == "back" and rec[h]["release"] == before[h]["release"], rec[h]
+        assert server(lab, h, "roll-bad")["release"] == before[h]["release"]
+        assert serving(lab, h, "roll-bad") == ["roll-m"]
+    assert [rec[h]["rolled"] for h in HOSTS] == ["new", "new", "back", "back", "untouched", "untouched"]
 
 
 def test_a_good_roll_ends_all_on_new_with_never_more_than_two_hosts_down(lab):
