@@ -26,8 +26,6 @@ from .agentclient import ConnectionLost
 from .errors import ExitCode, LlmfabError, UsageError
 from .fanout import HostResult, report_error, run_all, worst
 
-ROLLED = ("new", "back", "untouched", "stopped")
-
 
 def batch_size(flag, profile, no_wait):
     """N from --rolling (parsed by tasks/options.py), else [target] rolling; None: all at once.
