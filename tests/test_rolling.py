@@ -26,7 +26,7 @@ from tasks.options import DeployOptions
 
 HOSTS = [f"h{i}" for i in range(1, 7)]
 PORTS = {"roll-bad": 18460, "roll-good": 18461, "roll-first": 18462, "roll-nowait": 18463,
-         "roll-int": 18464, "roll-smoke": 18465}  # one each: the deployments of earlier tests keep running
+         "roll-int": 18464, "roll-smoke": 18465, "roll-int2": 18466}  # one each: the deployments of earlier tests keep running
 EVENTS = "standin-events.jsonl"
 FAULT = "standin-fail"
 
@@ -253,21 +253,35 @@ def test_rolling_with_no_wait_is_bad_input_and_touches_nothing(lab):
     assert not any((lab.home(h) / "llmfab" / "roll-nowait").exists() for h in HOSTS)
 
 
+class Roll:
+    """`fab deploy --rolling 2` in the background, its output gathered live."""
+
+    def __init__(self, lab, name):
+        argv = [sys.executable, "-m", "fabric", "-S", str(lab.ssh_config), "deploy", "--rolling", "2",
+                "--profile", str(profile(lab, name, faulty=True))]
+        self.proc = subprocess.Popen(argv, cwd=str(REPO), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.out = []
+        self.reader = threading.Thread(target=lambda: self.out.extend(self.proc.stdout), daemon=True)
+        self.reader.start()
+
+    def wait_line(self, prefix):
+        wait_for(lambda: any(line.startswith(prefix) for line in self.out), 120,
+                 f"{prefix!r} in fab's output: {self.out[-5:]}")
+
+    def finish(self):
+        code = self.proc.wait(180)
+        self.reader.join(10)
+        return code, "".join(self.out)
+
+
 def test_ctrl_c_stops_the_roll_after_the_batch_in_flight(lab):
     before = fresh(lab, "roll-int")
-    argv = [sys.executable, "-m", "fabric", "-S", str(lab.ssh_config), "deploy", "--rolling", "2",
-            "--profile", str(profile(lab, "roll-int", faulty=True))]
-    proc = subprocess.Popen(argv, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    out = []
-    reader = threading.Thread(target=lambda: out.extend(proc.stdout), daemon=True)
-    reader.start()
-    wait_for(lambda: any(line.startswith("[h1] launched release") for line in out), 120,
-             f"h1's launch in fab's output: {out[-5:]}")
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(180) == 130, "".join(out)
-    reader.join(10)
-    text = "".join(out)
+    roll = Roll(lab, "roll-int")
+    roll.wait_line("[h1] launched release")
+    roll.proc.send_signal(signal.SIGINT)
+    code, text = roll.finish()
+    assert code == 130, text
     assert "interrupted (Ctrl-C) after batch 1 of 3" in text, text
     for h in ("h1", "h2"):  # the batch in flight finished: ready on the new release
         now = server(lab, h, "roll-int")
@@ -275,3 +289,22 @@ def test_ctrl_c_stops_the_roll_after_the_batch_in_flight(lab):
     for h in HOSTS[2:]:
         assert server(lab, h, "roll-int") == before[h]
     assert "<frozen runpy>" not in text
+
+
+def test_a_second_ctrl_c_leaves_at_once_naming_what_keeps_running(lab):
+    before = fresh(lab, "roll-int2")
+    roll = Roll(lab, "roll-int2")
+    roll.wait_line("[h1] launched release")
+    roll.wait_line("[h2] launched release")
+    roll.proc.send_signal(signal.SIGINT)
+    roll.wait_line("Ctrl-C: the roll stops when the batch in flight is done")
+    roll.proc.send_signal(signal.SIGINT)
+    code, text = roll.finish()
+    assert code == 130, text
+    for h in ("h1", "h2"):
+        release = server(lab, h, "roll-int2")["release"]
+        assert release != before[h]["release"]
+        assert f"[{h}] interrupted: release {release} (pid " in text and "keeps running" in text, text
+    assert "rolling: batch 2" not in text
+    for h in HOSTS[2:]:
+        assert server(lab, h, "roll-int2") == before[h]
