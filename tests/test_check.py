@@ -11,7 +11,7 @@ import re
 import pytest
 
 from lab import REPO, HostLab
-from test_modelcheck import DRAFT, TARGET
+from helpers import DRAFT, TARGET
 
 pytestmark = pytest.mark.e2e
 
