@@ -21,9 +21,23 @@ def _prefix_caching(args):
     return {"value": bool(value), "key": f"server.args.{name}"}
 
 
+def _hub_only(profile):
+    """vLLM models named by Hugging Face id (nothing to read on the host): the version rules
+    still apply, so the method and draft length are taken from the speculative config."""
+    name, spec = ServerArgs(profile.server.args).get("speculative-config")
+    if profile.server.engine != "vllm" or not isinstance(spec, dict) or not isinstance(spec.get("method"), str):
+        return None
+    base = f"server.args.{name}"
+    k = spec.get("num_speculative_tokens")
+    return {"engine": "vllm", "method": spec["method"].lower(), "draft": None, "target": None,
+            "keys": {"method": f"{base}.method", "draft": f"{base}.model"},
+            "spec_tokens": {"value": k, "key": f"{base}.num_speculative_tokens", "over": 0}
+            if isinstance(k, int) and not isinstance(k, bool) else None}
+
+
 def doctor_request(profile: Profile):
     """The doctor's inputs for this profile, or None when it does no speculative decoding."""
-    m = models_request(profile)
+    m = models_request(profile) or _hub_only(profile)
     if not m or not m.get("method"):
         return None
     env = dict(profile.server.env)
