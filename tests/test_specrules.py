@@ -223,3 +223,11 @@ def test_log_mtp_warning_is_an_info_finding(tmp_path):
     assert [(f["rule"], f["severity"], f["evidence"]) for f in ev["findings"]] == [
         ("vllm-mtp-layer-reused", "INFO", "log")]
     assert speclog.evidence(facts, "INFO nothing\n")["findings"] == []
+
+
+def test_a_fail_line_says_how_to_accept_it(tmp_path):
+    req = request(tmp_path)
+    found = specdoctor.evaluate(specfacts.facts(req, "0.24.0"))
+    [line] = [c for c in specdoctor.checks(found) if c["check"] == "vllm-dflash-swa-ignored"]
+    assert line["status"] == "FAIL"
+    assert '; or, knowing better, [check] accept = ["vllm-dflash-swa-ignored"] [' in line["message"]

@@ -69,8 +69,9 @@ def checks(findings):
     out = []
     for f in findings:
         note = " (accepted in the profile)" if f.get("accepted") else ""
+        how = "; or, knowing better, [check] accept = [\"%s\"]" % f["rule"] if f["severity"] == "FAIL" else ""
         out.append({"check": f["rule"], "status": f["severity"],
-                    "message": "%s%s; fix: %s [%s]" % (f["message"], note, f["fix"], f["source"]),
+                    "message": "%s%s; fix: %s%s [%s]" % (f["message"], note, f["fix"], how, f["source"]),
                     "finding": f})
     return out
 
