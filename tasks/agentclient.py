@@ -20,7 +20,8 @@ from .errors import OperationFailed
 HOSTSIDE = Path(__file__).with_name("hostside")
 # Load order matters: a module's relative imports must already be loaded.
 HOST_MODULES = ("common", "supervision", "gpu", "gpuprocs", "probe", "procs", "lock", "files", "releases", "launch", "state",
-                "modelcheck", "preflight", "bench",
+                "modelcheck", "versions", "specrules", "specfacts", "specdoctor", "speclog",
+                "preflight", "bench",
                 "logs", "history", "ray_node", "agent")
 
 # Read by the profile's Python on the host: the agent's sources arrive on stdin as one

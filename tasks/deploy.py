@@ -74,7 +74,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     state = host.call("state", deploy_dir=ddir)
     # A supervisor waiting to restart counts as running: it would relaunch the old release.
     running = state["alive"] or (state.get("supervisor") or {}).get("state") in SUPERVISING
-    run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
+    checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
     rel = push_release(host, profile, ddir)
     if running:
         reporter.line(name, f"release {state['current']} is "
@@ -87,16 +87,16 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     reuse_s = None if running or before_launch is not None else 2.0
     host.call("gpu_baseline", deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
               devices=profile_devices(profile), reuse_s=reuse_s, timeout=60)
-    launched = host.call("launch", deploy_dir=ddir, release=rel["release"],
-                         python=profile.server.interpreter, keep=profile.target.keep_releases)
-    server = launched["server"]
+    server = host.call("launch", deploy_dir=ddir, release=rel["release"],
+                       python=profile.server.interpreter, keep=profile.target.keep_releases)["server"]
     reporter.line(name, f"launched release {server['release']}: pid {server['pid']}, "
                         f"log {rel['path']}/server.log")
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",
                         {"release": server["release"], "pid": server["pid"]})
     if opts.no_wait:
+        from .doctor import split  # the preflight's findings; the log is read later by status
+        result.data["findings"] = split(checks)[1]
         return result
-
     if launched is not None:  # what Ctrl-C leaves running (the task body says so)
         launched[name] = server
     try:
@@ -111,6 +111,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
                         f"on port {profile.server.port}")
     result.summary = f"ready in {facts['seconds']:.1f} s ({server['release']})"
     result.data["ready_s"] = round(facts["seconds"], 3)
+    from .doctor import at_ready  # the start-up log's speculative-decoding evidence
+    result.data["findings"] = at_ready(host, profile, ddir, server["release"], checks, reporter)
     return result
 
 
@@ -170,13 +172,22 @@ def deploy(c, opts):
     if profile.cluster is not None:  # one head; the workers come from the profile (tasks/cluster.py)
         from .cluster import check_hosts
         check_hosts(hosts_for(c, profile), profile)
+    from .rolling import batch_size
+    size = batch_size(opts.rolling, profile, opts.no_wait)  # before any host: bad input is exit 2
     launched = {}  # host -> server record of what keeps running if Ctrl-C ends the wait
 
-    def op(host, reporter):
+    def one(host, reporter):
         if profile.cluster is not None:  # the head of a Ray cluster (tasks/cluster.py)
             res = deploy_head(host, profile, opts, reporter, launched=launched)
         else:
             res = deploy_host(host, profile, opts, reporter, launched=launched)
+        if opts.smoke:  # tasks/smoke.py
+            from .smoke import smoke_after
+            smoke_after(res, host, profile, reporter)
+        return res
+
+    def op(host, reporter):
+        res = one(host, reporter)
         if opts.json:
             reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
         return res
@@ -184,4 +195,9 @@ def deploy(c, opts):
     def still_running():
         return [(h, f"interrupted: release {s['release']} (pid {s['pid']}) keeps running; stop "
                     f"it with `{fab_hint(profile, 'stop')}`") for h, s in list(launched.items())]
+    if size is not None:  # batch by batch, a failed host put back (tasks/rolling.py)
+        from .releases import rollback_host
+        from .rolling import deploy_rolling
+        return deploy_rolling(c, profile, opts, size, deploy_one=one, on_interrupt=still_running,
+                              rollback_one=lambda h, r, to: rollback_host(h, profile, opts, r, to=to))
     run_task(c, profile, op, opts, title="deploy", json_mode=opts.json, on_interrupt=still_running)

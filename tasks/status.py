@@ -91,6 +91,11 @@ def gather(host, profile, ddir):
         m = status_metrics(host, profile, server)
         record["spec"], record["generation_tokens_per_s"] = m["spec"], m["generation_tokens_per_s"]
         out.metric_lines = m["lines"]
+        if record["spec"] is not None:  # the doctor's verdict and likely causes (tasks/doctor.py)
+            from .doctor import status_verdict, with_verdict
+            text, more = status_verdict(host, profile, ddir, server["release"], m, record["spec"])
+            if text:
+                out.metric_lines = with_verdict(out.metric_lines, text) + more
     if profile.cluster is not None:  # the Ray cluster under the server (tasks/cluster.py)
         from .cluster import cluster_status
         record["cluster"], out.cluster_lines, out.cluster_ok = cluster_status(host, profile, ddir)

@@ -48,6 +48,8 @@ OPS = {"hello": op_hello}
 for _module in (lock, files, releases, launch, state, probe, gpu, gpuprocs, procs, preflight, logs,
                 history, bench, ray_node):
     OPS.update(getattr(_module, "OPS", {}))
+from . import speclog  # noqa: E402  the speculative-decoding doctor
+OPS.update(speclog.OPS)
 
 
 def handle(req):
