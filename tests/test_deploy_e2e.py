@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from lab import REPO
 from tasks.profile.toml_text import dumps
-from test_modelcheck import DRAFT, TARGET
+from helpers import DRAFT, TARGET
 
 CONFIGS = REPO / "configs"
 RECORDER = Path(__file__).with_name("servers") / "record_server.py"

@@ -10,30 +10,11 @@ from tasks.hostside import modelcheck as host
 from tasks.profile.types import Gpu, JsonTable, Profile, Ready, Secret, Server, Target
 from tasks.modelcheck import models_request
 
+from helpers import DRAFT, TARGET
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Qwen3.6-27B: a multimodal checkpoint, so the language model's sizes sit under text_config.
-TARGET = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"],
-    "model_type": "qwen3_5",
-    "text_config": {"model_type": "qwen3_5_text", "num_hidden_layers": 64, "vocab_size": 248320,
-                    "hidden_size": 5120, "num_attention_heads": 24, "num_key_value_heads": 4,
-                    "max_position_embeddings": 262144},
-    "vision_config": {"hidden_size": 1152},
-}
-# z-lab/Qwen3.6-27B-DFlash as published: block_size at the top level, the rest in dflash_config,
-# four causal sliding-window layers and one full-attention layer.
-DRAFT = {
-    "architectures": ["DFlashDraftModel"],
-    "model_type": "qwen3",
-    "block_size": 16,
-    "dflash_config": {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]},
-    "hidden_size": 5120, "num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
-    "sliding_window": 2048, "max_position_embeddings": 262144, "vocab_size": 248320,
-}
-
-
 def write_model(d, config):
     d.mkdir(parents=True, exist_ok=True)
     if config is not None:
