@@ -3,7 +3,8 @@ import json
 import os
 
 from .argv import server_argv
-from .errors import ExitCode, OperationFailed
+from .errors import ExitCode, LlmfabError, OperationFailed
+from .failreport import failed_record
 from .fanout import HostResult
 from .preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
 from .gpuwait import profile_devices
@@ -171,10 +172,15 @@ def deploy(c, opts):
     launched = {}  # host -> server record of what keeps running if Ctrl-C ends the wait
 
     def op(host, reporter):
-        if profile.cluster is not None:  # the head of a Ray cluster (tasks/cluster.py)
-            res = deploy_head(host, profile, opts, reporter, launched=launched)
-        else:
-            res = deploy_host(host, profile, opts, reporter, launched=launched)
+        try:
+            if profile.cluster is not None:  # the head of a Ray cluster (tasks/cluster.py)
+                res = deploy_head(host, profile, opts, reporter, launched=launched)
+            else:
+                res = deploy_host(host, profile, opts, reporter, launched=launched)
+        except LlmfabError as e:
+            if opts.json:  # a failed deploy prints its host object too, with why (`fatal`)
+                reporter.emit_json(failed_record(host.name, e))
+            raise
         if opts.json:
             reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
         return res
