@@ -165,19 +165,24 @@ class LogScanner:
         return _exc_text(self.exceptions[-1]) if self.exceptions else None
 
     def explanation(self, context=12):
-        """The lines that explain the failure: engine-prefixed root-cause lines plus the tail."""
-        lines = [l for _, l in self.recent]
+        """The lines that explain the failure, in log order: the traceback around the
+        chosen line (from its `Traceback` header), the engine's error lines, and the tail."""
+        recent = list(self.recent)
         if self.fatal is None:
-            return lines[-context:]
-        engine = [l for l in lines if ENGINE_PREFIX.match(l) and
+            return [l for _, l in recent[-context:]]
+        at = next((k for k, (_, l) in enumerate(recent) if l is self.fatal.line or l == self.fatal.line), None)
+        keep = set(range(max(0, len(recent) - context), len(recent)))
+        if at is not None:
+            start = max(0, at - 8)
+            for k in range(at, max(-1, at - 40), -1):
+                if "Traceback (most recent call last)" in recent[k][1]:
+                    start = k
+                    break
+            keep |= set(range(start, min(len(recent), at + 7)))
+        engine = [k for k, (_, l) in enumerate(recent) if ENGINE_PREFIX.match(l) and
                   re.search(r"ERROR|Error|error|Traceback|raise|File \"", l)]
-        out = []
-        for l in engine[-20:] + lines[-context:]:
-            if l not in out:
-                out.append(l)
-        if self.fatal.line not in out:
-            out.append(self.fatal.line)
-        return out
+        keep |= set(engine[-20:])
+        return [recent[k][1] for k in sorted(keep)]
 
     def tail(self, n=20):
         return [l for _, l in self.recent][-n:]
