@@ -32,9 +32,6 @@ LINE_PREFIX = re.compile(
 PROCESS = re.compile(r"^(?:[\w.-]+\s+\| )?(\([\w:.\- ]+ pid=\d+\))")
 EXCEPTION = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|Failure))"
                        r"(?::\s?(?P<message>.*))?$")
-# One search per line: any pattern of any rule (named groups dropped, so they may repeat).
-ANY = re.compile("|".join("(?:%s)" % re.sub(r"\(\?P<\w+>", "(?:", p.regex)
-                          for r in RULES for p in r.patterns))
 
 
 class Finding(NamedTuple):
@@ -59,7 +56,7 @@ def strip_prefix(line):
 
 def is_fatal_line(line):
     """Whether a line matches any failure rule (for highlighting; no context checks)."""
-    return ANY.search(line) is not None
+    return any(r.match(line) for r in RULES if r.patterns)
 
 
 class LogScanner:
@@ -71,6 +68,7 @@ class LogScanner:
         self.matches = []            # (line number, rule, pattern, match), in log order
         self.exceptions = deque(maxlen=64)   # exception lines that ended a traceback
         self._in_tb = {}             # process prefix -> inside a traceback
+        self._open = 0               # how many of them are (lines outside any skip the tracking)
         self._want_message = None    # an exception line whose message is on the next line
         self._pending = 0            # chunks seen since a BELOW wrapper with no exception yet
 
@@ -82,21 +80,25 @@ class LogScanner:
         for line in text.splitlines():
             n = self.lines_seen
             self.lines_seen += 1
-            before = [b for _, b in list(self.recent)[-4:]]
             self.recent.append((n, line))
-            self._track_exception(n, line)
-            if ANY.search(line):
-                for rule in RULES:
-                    hit = rule.match(line, before)
-                    if hit:
-                        self.matches.append((n, rule, hit[0], hit[1]))
-                        break
+            if self._open or self._want_message or "Traceback" in line:
+                self._track_exception(n, line)
+            for rule in RULES:  # highest priority first; needles spare most regexes
+                hit = rule.match(line, self._before)
+                if hit:
+                    self.matches.append((n, rule, hit[0], hit[1]))
+                    break
             for phase, pattern in PHASES:
                 if pattern.search(line) and PHASE_ORDER.index(phase) > PHASE_ORDER.index(self.phase):
                     self.phase = phase
         if self.fatal is None:
             self.fatal = self._decide(final)
         return self.fatal
+
+    def _before(self):
+        """The lines above the newest one (for patterns that need context)."""
+        k = len(self.recent) - 1
+        return [self.recent[i][1] for i in range(max(0, k - 4), k)]
 
     def _track_exception(self, n, line):
         proc = PROCESS.match(line)
@@ -109,11 +111,13 @@ class LogScanner:
                 self._want_message = None
             return
         if body.startswith("Traceback (most recent call last):"):
+            self._open += not self._in_tb.get(key)
             self._in_tb[key] = True
             return
         if not self._in_tb.get(key) or body[:1].isspace() or not body:
             return
         self._in_tb[key] = False
+        self._open -= 1
         m = EXCEPTION.match(body)
         if m:
             if (m.group("message") or "").strip():
@@ -141,7 +145,7 @@ class LogScanner:
             return self._finding(*above[0], inner=_exc_text(inner[-1]) if inner else None)
         n = self.matches[0][0]  # a BELOW wrapper: its cause is the traceback after it
         after = [e for e in self.exceptions if e.number > n and "EngineDeadError" not in e.type]
-        if not (any(self._in_tb.values()) or self._want_message):
+        if not (self._open or self._want_message):
             self._pending += 1  # chunks with no traceback still open after the wrapper
         if after or final or self._pending >= 2:
             return self._finding(*self.matches[0], inner=_exc_text(after[0]) if after else None)

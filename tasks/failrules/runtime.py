@@ -99,7 +99,8 @@ RULES = (
         "{model} is neither a directory on the host nor a model id the Hub has",
         "check `server.model` (now {profile_model}): an absolute path that exists on the host, or a "
         "Hub id spelled `org/name`; for a private repo set [server.env] HF_TOKEN = {{ from_env = \"HF_TOKEN\" }}",
-        (Pattern(r"(?P<model>\S+) is not a local folder and is not a valid model identifier listed on",
+        (Pattern(r"(?:(?<=\s)|^)(?P<model>\S+) is not a local folder and is not a valid model identifier "
+                 r"listed on",
                  "transformers 4.x src/transformers/utils/hub.py cached_files (OSError)"),
          Pattern(r"Repository Not Found for url: (?P<model>\S+?)\.?$",
                  "huggingface_hub 0.1x-1.x huggingface_hub/utils/_http.py (RepositoryNotFoundError)"),

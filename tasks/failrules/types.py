@@ -24,9 +24,46 @@ class Pattern:
     fix: Optional[str] = None       # this wording's own fix (e.g. SGLang's flag names)
     after: Optional[str] = None     # regex one of the 4 lines above must match (context)
     compiled: "re.Pattern" = field(init=False, repr=False, compare=False)
+    needle: Optional[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "compiled", re.compile(self.regex))
+        object.__setattr__(self, "needle", required_literal(self.regex))
+
+
+def required_literal(regex):
+    """The longest plain text every match of `regex` contains, or None (then the regex is
+    always tried). A cheap `in` test on it spares the regex on nearly every healthy line.
+    Only text outside groups and classes counts; a top-level `|` means no such text."""
+    runs, run, depth, i = [], "", 0, 0
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\" and i + 1 < len(regex):
+            nxt = regex[i + 1]
+            i += 2
+            if depth == 0 and not nxt.isalnum():
+                run += nxt
+                continue
+            runs.append(run)
+            run = ""
+            continue
+        i += 1
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif depth == 0 and c == "|":
+            return None
+        elif depth == 0 and c in "?*{":
+            run = run[:-1]  # the char before is optional
+        elif depth == 0 and c not in "+.^$":
+            run += c
+            continue
+        runs.append(run)
+        run = ""
+    runs.append(run)
+    best = max(runs, key=len)
+    return best if len(best) >= 4 else None
 
 
 @dataclass(frozen=True)
@@ -42,9 +79,12 @@ class Rule:
     def match(self, line, before=()):
         """(pattern, match) of the first pattern found in `line`, or None.
 
-        `before`: the lines just above it, for patterns that need context."""
+        `before`: the lines just above it (or a function giving them), for patterns that
+        need context."""
         for p in self.patterns:
+            if p.needle is not None and p.needle not in line:
+                continue
             m = p.compiled.search(line)
-            if m and (p.after is None or any(re.search(p.after, b) for b in before[-4:])):
+            if m and (p.after is None or any(re.search(p.after, b) for b in (before() if callable(before) else before)[-4:])):
                 return p, m
         return None
