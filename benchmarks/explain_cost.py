@@ -5,8 +5,9 @@
    through the scanner before issue 14 (tasks/logscan.py at --before, read with `git show`).
 2. Explaining, once per failure: explain() of every recorded fixture (no host call).
 3. --lab: fatal line -> verdict of a real `fab deploy` (tests/lab.py host, poll_interval
-   1.0 s) for a rule that needs no host reading (kv-cache-too-small) and one that asks
-   the host who holds the GPU (gpu-memory-taken: one more agent request), interleaved.
+   1.0 s) for rules that need no host reading (cuda-oom, as benchmarks/run.py times it;
+   kv-cache-too-small) and one that asks the host who holds the GPU (gpu-memory-taken:
+   one more agent request), interleaved, the fatal line at a random point of a poll.
    The stand-in stamps the time it prints the fatal line (STANDIN_FATAL_FILE).
 """
 import argparse
@@ -83,16 +84,22 @@ def offline(before, reps=7):
 def lab_case(reps):
     from helpers import TARGET
     from lab import HostLab
-    out = {"kv-cache-too-small": [], "gpu-memory-taken": []}
+    import random
+    rng = random.Random(14)
+    out = {"cuda-oom": [], "kv-cache-too-small": [], "gpu-memory-taken": []}
     with HostLab(1) as lab:
         model = lab.model_dir("bench-qwen", architectures=TARGET["architectures"],
                               text_config=TARGET["text_config"])
         stamp = lab.tmp("h1") / "llmfab-explain-stamp"
         for rep in range(-1, reps):
             for rule in out:
-                env = ['STANDIN_FATAL_FILE = "/tmp/llmfab-explain-stamp"', 'STANDIN_LOAD_SECONDS = "1.3"']
+                # A random load time: the fatal line falls anywhere within a poll interval.
+                env = ['STANDIN_FATAL_FILE = "/tmp/llmfab-explain-stamp"',
+                       'STANDIN_LOAD_SECONDS = "%.3f"' % rng.uniform(1.5, 3.5)]
                 args = ["max-model-len = 65536"]
-                if rule == "kv-cache-too-small":
+                if rule == "cuda-oom":  # the case benchmarks/run.py times (no host reading)
+                    env.append('STANDIN_FAIL = "oom"')
+                elif rule == "kv-cache-too-small":
                     env.append('STANDIN_KV_CACHE_GIB = "4"')
                 else:  # more than 1 - 0.9 of the GPU is taken by a "baseline" the stand-in sees
                     lab.set_gpus("h1", 2, baseline_mib=20000)

@@ -12,7 +12,7 @@ import re
 from collections import deque
 from typing import NamedTuple, Optional
 
-from .failrules import ABOVE, BELOW, ROOT, RULES, Rule
+from .failrules import ABOVE, ROOT, RULES, Rule
 
 PHASES = [  # later phases win; matched on each new line
     ("loading", re.compile(r"Loading (?:model|weights|safetensors)|Starting to load model|Load weight|load_model")),

@@ -113,3 +113,15 @@ def test_a_command_script_without_the_main_guard_under_spawn_is_spawn_main_guard
     assert "An attempt has been made to start a new process before the" in fatal["line"]
     assert 'if __name__ == "__main__":' in fatal["fix"] and "`noguard_server.py`" in fatal["fix"]
     assert "_check_not_importing_main" in human  # the explaining lines: CPython's own traceback
+
+
+def test_a_rollback_to_a_release_that_cannot_start_says_why_in_its_json(lab):
+    bad = vllm(lab, "explain-rollback", "h1", 31407, ["max-model-len = 300000"])
+    failed_deploy(lab, bad)
+    good = vllm(lab, "explain-rollback", "h1", 31407)
+    fab(lab, "deploy", profile=good)
+    r = fab(lab, "rollback", "--json", profile=good, code=1)
+    record = json.loads(r.stdout.splitlines()[0])
+    assert record["ok"] is False and record["fatal"]["rule"] == "max-model-len-too-long", r.stdout
+    assert "`max-model-len = 262144`" in record["fatal"]["fix"]
+    assert "error: server failed: max-model-len 300000 is more than the model's" in r.stderr, r.stderr

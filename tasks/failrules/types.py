@@ -85,6 +85,10 @@ class Rule:
             if p.needle is not None and p.needle not in line:
                 continue
             m = p.compiled.search(line)
-            if m and (p.after is None or any(re.search(p.after, b) for b in (before() if callable(before) else before)[-4:])):
+            if m and p.after is not None:
+                above = before() if callable(before) else before
+                if not any(re.search(p.after, b) for b in above[-4:]):
+                    continue
+            if m:
                 return p, m
         return None
