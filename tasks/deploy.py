@@ -86,16 +86,14 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     reuse_s = None if running or before_launch is not None else 2.0
     host.call("gpu_baseline", deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
               devices=profile_devices(profile), reuse_s=reuse_s, timeout=60)
-    launched = host.call("launch", deploy_dir=ddir, release=rel["release"],
-                         python=profile.server.interpreter, keep=profile.target.keep_releases)
-    server = launched["server"]
+    server = host.call("launch", deploy_dir=ddir, release=rel["release"],
+                       python=profile.server.interpreter, keep=profile.target.keep_releases)["server"]
     reporter.line(name, f"launched release {server['release']}: pid {server['pid']}, "
                         f"log {rel['path']}/server.log")
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",
                         {"release": server["release"], "pid": server["pid"]})
     if opts.no_wait:
         return result
-
     if launched is not None:  # what Ctrl-C leaves running (the task body says so)
         launched[name] = server
     try:
