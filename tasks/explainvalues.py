@@ -29,7 +29,7 @@ def _num(text):
 
 def gpu_util(v, r):
     u = _arg(r, "gpu-memory-utilization")
-    return f"{u}" if u is not None else "unset: the engine's default, 0.9"
+    return f"{u}" if u is not None else "unset, i.e. vLLM's default 0.9"
 
 
 def tp(v, r):

@@ -125,3 +125,18 @@ def test_a_rollback_to_a_release_that_cannot_start_says_why_in_its_json(lab):
     assert record["ok"] is False and record["fatal"]["rule"] == "max-model-len-too-long", r.stdout
     assert "`max-model-len = 262144`" in record["fatal"]["fix"]
     assert "error: server failed: max-model-len 300000 is more than the model's" in r.stderr, r.stderr
+
+
+def test_a_server_that_dies_of_an_unknown_exception_is_exited_with_that_exception(lab):
+    prof = write_profile(lab, "explain-exited", [
+        "[target]", 'hosts = ["h3"]', 'name = "explain-exited"',
+        "[server]", 'engine = "command"',
+        "command = [\"python3\", \"-c\", \"import sys; print('loading', flush=True); "
+        "{}['chat_template_kwargs']\"]",
+        'host = "127.0.0.1"', "port = 31408", "[ready]", 'models_path = ""', "timeout = 60",
+        "poll_interval = 0.2"])
+    fatal, human = failed_deploy(lab, prof)
+    assert fatal["rule"] == "exited" and fatal["line"] is None
+    assert fatal["cause"] == "KeyError: 'chat_template_kwargs'"
+    assert "fab tail-log --profile" in fatal["fix"]
+    assert "loading" in human  # the last lines of its log
