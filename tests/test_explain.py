@@ -146,3 +146,26 @@ def test_explanation_message_is_cause_then_fix(profile):
     first, second = ex.message().splitlines()
     assert first == "server failed: the model has 40 attention heads, which 3 GPUs cannot share evenly"
     assert second == "fix: set `tensor-parallel-size = 2` in [server.args] (the largest divisor of 40 up to 3)"
+
+
+@pytest.mark.parametrize("regex,needle", [
+    (r"No available memory for the cache blocks", "No available memory for the cache blocks"),
+    (r"Not enough memory\. Please try(?: Current value: (?P<x>[\d.]+))?", "Not enough memory. Please try"),
+    (r"Free memory on device(?: (?P<d>\S+))? \((?P<f>[\d.]+)/", "Free memory on device"),
+    (r"models?'s? max seq len", " max seq len"),       # the optional letters are not required
+    (r"abc|defgh", None),                             # a top-level alternative: always try the regex
+    (r"\d+ GiB", " GiB"),
+    (r"pid=\d{2,5} died", " died"),
+])
+def test_a_patterns_required_literal_is_text_every_match_contains(regex, needle):
+    from tasks.failrules.types import required_literal
+    assert required_literal(regex) == needle
+
+
+def test_every_fixture_line_that_a_pattern_matches_contains_its_literal():
+    for case in CASES:
+        for line in (FIXTURES / case["file"]).read_text().splitlines():
+            for rule in RULES:
+                for p in rule.patterns:
+                    if p.compiled.search(line):
+                        assert p.needle is None or p.needle in line, (p.regex, line)

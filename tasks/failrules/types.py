@@ -55,7 +55,9 @@ def required_literal(regex):
         elif depth == 0 and c == "|":
             return None
         elif depth == 0 and c in "?*{":
-            run = run[:-1]  # the char before is optional
+            run = run[:-1]  # the char before is optional (or repeated: {m,n})
+            if c == "{":
+                i = regex.find("}", i) + 1 or len(regex)
         elif depth == 0 and c not in "+.^$":
             run += c
             continue
