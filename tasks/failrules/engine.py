@@ -96,8 +96,10 @@ RULES = (
                  "vLLM 0.8-0.33 vllm/model_executor/models/registry.py (import of the model file failed)",
                  fix="the engine failed to import its model code for {archs}: look at the lines above it "
                      "(a missing dependency, or a build that does not match the host)"),
-         Pattern(r"model type `(?P<archs>[\w.-]+)` but Transformers does not recognize this architecture",
-                 "transformers 4.3x-4.5x models/auto/configuration_auto.py",
+         Pattern(r"model type [`']?(?P<archs>[\w.-]+)[`']? but Transformers does not recognize this "
+                 r"architecture",
+                 "transformers 4.3x-4.5x models/auto/configuration_auto.py (the type in backticks; "
+                 "quoted or bare as vLLM and SGLang re-raise it)",
                  fix="upgrade transformers on the host (it does not know model type {archs}), or check "
                      "`model_type` in the model's config.json"))),
     Rule(
