@@ -140,3 +140,15 @@ def test_a_server_that_dies_of_an_unknown_exception_is_exited_with_that_exceptio
     assert fatal["cause"] == "KeyError: 'chat_template_kwargs'"
     assert "fab tail-log --profile" in fatal["fix"]
     assert "loading" in human  # the last lines of its log
+
+
+def test_sglang_without_room_for_its_kv_cache_gives_the_next_mem_fraction(lab):
+    prof = write_profile(lab, "explain-sglang", [
+        "[target]", 'hosts = ["h3"]', 'name = "explain-sglang"',
+        "[server]", 'engine = "sglang"', f'python = "{lab.ml_python}"', f'model = "{model(lab)}"',
+        'host = "127.0.0.1"', "port = 31410", "[server.args]", "mem-fraction-static = 0.6",
+        "[server.env]", 'STANDIN_FAIL = "engine_init"', "[ready]", "timeout = 60", "poll_interval = 0.2"])
+    fatal, _ = failed_deploy(lab, prof)
+    assert fatal["rule"] == "no-kv-cache-memory"
+    assert fatal["line"].endswith("Current value: mem_fraction_static=0.6")
+    assert "`mem-fraction-static` in [server.args] (now 0.6; try 0.65)" in fatal["fix"]
