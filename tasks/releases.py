@@ -163,7 +163,7 @@ def releases(c, opts):
 
 
 def rollback_host(host, profile, opts, reporter):
-    from .deploy import stop_running
+    from .stop import stop_deployment
     from .lock import take_lock
     from .preflight import deploy_dir
     from .gpuwait import profile_devices
@@ -188,7 +188,7 @@ def rollback_host(host, profile, opts, reporter):
     # Hints such as `fab stop --profile ...` must name the user's file, not a temporary copy.
     old = dataclasses.replace(old, path=profile.path)
     reporter.line(name, f"rolling back from {current} to {prev}")
-    stop_running(host, ddir, reporter)
+    stop_deployment(host, ddir, reporter)
     # The old release's gpu-baseline.json is from its first launch: take today's, so
     # `fab stop` waits for what the GPUs hold now without this server.
     host.call("gpu_baseline", deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,

@@ -4,6 +4,8 @@
   the preflight's model checks read them (fields as published on their model cards).
 - write_profile, vllm_profile, fab, Background, deployment, ...: driving the real `fab`
   against a lab host with the stand-in vLLM (tests/lab.py, tests/standins).
+- VLLM, tomlish: the smallest vLLM profile, and a hypothesis strategy of TOML-ish profile
+  documents (sections, keys and values a user might write, valid or not) for the fuzz tests.
 """
 import json
 import os
@@ -11,6 +13,8 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+
+from hypothesis import strategies as st
 
 from lab import REPO, wait_for
 
@@ -139,3 +143,25 @@ def launched_once(lab, host, name):
     return server
 
 
+
+
+# -- profile fuzzing ---------------------------------------------------------------------------
+
+VLLM = '[server]\nengine = "vllm"\nmodel = "/m"\n'
+SECTIONS = ["", "[server]", "[server.args]", "[server.env]", "[target]", "[ready]", "[gpu]",
+            "[cluster]", "[server.args.speculative-config]", "[[server.args.x]]", "[oops]"]
+KEYS = ["engine", "model", "port", "host", "command", "python", "files", "args", "env", "hosts",
+        "name", "workdir", "keep_releases", "timeout", "poll_interval", "health_path", "models_path",
+        "served_name", "devices", "min_free_mib", "nvidia_smi", "backend", "workers", "ray_port",
+        "head_address", "tensor-parallel-size", "tensor_parallel_size", "speculative-config",
+        "foo-config", "HF_TOKEN", "from_env", "extends", '"a.b"', '"-x"', "server", "target"]
+VALUES = ['"vllm"', '"sglang"', '"command"', '""', '"\\u0000"', "8000", "0", "-1", "99999",
+          "1.5", "nan", "-inf", "true", "false", "1979-05-27T07:32:00Z", "07:32:00", "1979-05-27",
+          "[]", "[1, 1]", '["local", "h"]', "[[1], [2]]", "[{ a = 1 }]", '{ from_env = "HF_TOKEN" }',
+          '{ from_env = "UNSET_VAR_X" }', '{ method = "dflash", n = 15 }', "'{bad json'",
+          """'{"a": [1, {"b": null}]}'""", '"../x"', '"~/ok"', '"/abs"', '"b.toml"', '"p.toml"',
+          '"missing.toml"', "{}", '["x.py"]', '"/health"', "9" * 30]
+line = st.tuples(st.sampled_from(KEYS), st.sampled_from(VALUES)).map(lambda kv: f"{kv[0]} = {kv[1]}")
+section = st.tuples(st.sampled_from(SECTIONS), st.lists(line, max_size=5)).map(
+    lambda s: "\n".join([s[0]] + s[1]))
+tomlish = st.lists(section, max_size=6).map("\n".join)

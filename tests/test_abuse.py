@@ -386,7 +386,7 @@ def _fab_in_process(argv):
 
 
 def test_fuzzed_profiles_through_the_cli_exit_0_or_2_never_a_traceback(tmp_path, capsys):
-    from test_profile import VLLM, tomlish
+    from helpers import VLLM, tomlish
     docs = st.one_of(tomlish.map(lambda d: VLLM + d), tomlish, st.text(max_size=200))
     seen = {"examples": 0, 0: 0, 2: 0}
     samples = []

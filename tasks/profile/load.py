@@ -142,12 +142,14 @@ def resolve_profile_path(arg=None, config_value=None, *, cwd=None):
 
 
 def find_default_profile(*, cwd=None):
-    """`configs/demo.toml` in `cwd` if there is one, else the demo shipped beside this package."""
+    """`configs/demo.toml` in `cwd` if there is one, else the demo shipped with llmfab: inside
+    the installed package (llmfab/configs/, see setup.cfg), or in the checkout beside tasks/."""
     here = Path(cwd or os.getcwd()) / DEFAULT_PROFILE
     if here.is_file():
         return Path(DEFAULT_PROFILE) if cwd is None else here
-    shipped = Path(__file__).resolve().parents[2] / DEFAULT_PROFILE
-    if shipped.is_file():
-        return shipped
+    package = Path(__file__).resolve().parents[1]
+    for shipped in (package / DEFAULT_PROFILE, package.parent / DEFAULT_PROFILE):
+        if shipped.is_file():
+            return shipped
     raise ProfileError(DEFAULT_PROFILE, None, "no profile given, and no default found here or "
                                               f"beside llmfab; {PROFILE_HINT}")
