@@ -106,8 +106,13 @@ RULES = (
         "unsupported-spec-method", "speculative method unknown to this vLLM", 86,
         "this vLLM does not know the speculative method {method}",
         "use a method this version lists ({allowed}), or upgrade vLLM on the host",
-        (Pattern(r"Unsupported speculative method: '(?P<method>[^']*)'",
-                 "vLLM 0.9-0.33 vllm/config/speculative.py (earlier vllm/config.py) SpeculativeConfig"),
+        (Pattern(r"Unsupported speculative method:? '(?P<method>[^']*)'",
+                 "vLLM 0.9-0.33 vllm/config/speculative.py (earlier vllm/config.py) SpeculativeConfig "
+                 "(\"method: '...'\"; also read without the colon, as the pydantic Value error)"),
+         Pattern(r"Unknown speculative algorithm name: (?P<method>\S+)",
+                 "SGLang 0.4-0.5.20 srt/speculative/spec_info.py SpeculativeAlgorithm.from_string",
+                 fix="set `speculative-algorithm` to one this SGLang knows (0.5: EAGLE, EAGLE3, NEXTN, "
+                     "STANDALONE, NGRAM, DFLASH; case does not matter), or upgrade SGLang on the host"),
          Pattern(r"Input should be (?P<allowed>'.+?') \[type=literal_error, input_value='(?P<method>[^']*)'",
                  "vLLM 0.19.x pydantic Literal of SpeculativeConfig.method",
                  after=r"method$|validation error for SpeculativeConfig"))),
