@@ -43,9 +43,12 @@ def _boundary(c, where, options, flags):
     "timeout": "seconds to wait for readiness (default: the profile's ready.timeout)",
     "stop-on-timeout": "stop the server if it is not ready in time (default: leave it running)",
     "json": "print one JSON object per host on stdout (human text goes to stderr)",
+    "rolling": "N hosts at a time, each batch ready before the next; at the first failed host "
+               "stop and put it back (default: the profile's target.rolling, else all at once)",
+    "smoke": "a host counts as deployed once it also answered one 1-token completion",
 }))
 def deploy(c, profile=None, dry_run=False, no_wait=False, timeout=None, stop_on_timeout=False,
-           json=False, parallel=32, accept_new_host_keys=False):
+           json=False, rolling=None, smoke=False, parallel=32, accept_new_host_keys=False):
     """Validate, preflight, push a release, launch detached, wait until ready (or say why not)."""
     return _boundary(c, "deploy:deploy", "DeployOptions", locals())
 
@@ -131,3 +134,9 @@ def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, pro
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
     return _boundary(c, "bench:bench", "BenchOptions", locals())
+
+
+@task(help=_help(out="write it to this file, replaced in one rename (default: stdout)"))
+def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
+    """Print a Prometheus file_sd document: the /metrics address of every running deployment."""
+    return _boundary(c, "targets:targets", "TargetsOptions", locals())

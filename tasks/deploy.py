@@ -167,14 +167,23 @@ def deploy(c, opts):
     if profile.cluster is not None:  # one head; the workers come from the profile (tasks/cluster.py)
         from .cluster import check_hosts
         check_hosts(hosts_for(c, profile), profile)
+    from .rolling import batch_size
+    size = batch_size(opts.rolling, profile, opts.no_wait)  # before any host: bad input is exit 2
     launched = {}  # host -> server record of what keeps running if Ctrl-C ends the wait
+
+    def one(host, reporter):
+        if profile.cluster is not None:  # the head of a Ray cluster (tasks/cluster.py)
+            res = deploy_head(host, profile, opts, reporter, launched=launched)
+        else:
+            res = deploy_host(host, profile, opts, reporter, launched=launched)
+        if opts.smoke:  # tasks/smoke.py
+            from .smoke import smoke_after
+            smoke_after(res, host, profile, reporter)
+        return res
 
     def op(host, reporter):
         try:
-            if profile.cluster is not None:  # the head of a Ray cluster (tasks/cluster.py)
-                res = deploy_head(host, profile, opts, reporter, launched=launched)
-            else:
-                res = deploy_host(host, profile, opts, reporter, launched=launched)
+            res = one(host, reporter)
         except LlmfabError as e:
             if opts.json:  # a failed deploy prints its host object too, with why (`fatal`)
                 reporter.emit_json(failed_record(host.name, e))
@@ -186,4 +195,9 @@ def deploy(c, opts):
     def still_running():
         return [(h, f"interrupted: release {s['release']} (pid {s['pid']}) keeps running; stop "
                     f"it with `{fab_hint(profile, 'stop')}`") for h, s in list(launched.items())]
+    if size is not None:  # batch by batch, a failed host put back (tasks/rolling.py)
+        from .releases import rollback_host
+        from .rolling import deploy_rolling
+        return deploy_rolling(c, profile, opts, size, deploy_one=one, on_interrupt=still_running,
+                              rollback_one=lambda h, r, to: rollback_host(h, profile, opts, r, to=to))
     run_task(c, profile, op, opts, title="deploy", json_mode=opts.json, on_interrupt=still_running)

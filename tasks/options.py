@@ -92,10 +92,18 @@ class DeployOptions(Common):
     timeout: Optional[float] = None
     stop_on_timeout: bool = False
     json: bool = False
+    rolling: Optional[int] = None    # batches of N hosts (tasks/rolling.py); None: the profile's
+    smoke: bool = False              # ready also means: one 1-token completion answered
 
     @staticmethod
     def convert(flags):
         flags["timeout"] = seconds("timeout", flags.get("timeout"))
+        flags["rolling"] = whole("rolling", flags.get("rolling"), 1)
+        flags["smoke"] = bool(flags.get("smoke"))
+        for key in ("rolling", "smoke"):  # both wait for ready, which --no-wait does not
+            if flags.get("no_wait") and flags[key]:
+                raise UsageError(f"{_flag(key)} waits for each host to be ready; it cannot be "
+                                 "combined with --no-wait (nothing was done)")
         return flags
 
 
@@ -200,6 +208,11 @@ class KillGpuProcsOptions(Common):
         grace = seconds("grace", flags.get("grace"))
         flags["grace"] = 10.0 if grace is None else grace
         return flags
+
+
+@dataclass(frozen=True)
+class TargetsOptions(Common):
+    out: Optional[str] = None        # the file_sd file, replaced atomically; None: stdout
 
 
 BENCH_DEFAULTS = {"requests": 32, "concurrency": 4, "max_tokens": 128}

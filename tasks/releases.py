@@ -162,7 +162,9 @@ def releases(c, opts):
     run_task(c, profile, op, opts, title="releases", json_mode=json_mode)
 
 
-def rollback_host(host, profile, opts, reporter):
+def rollback_host(host, profile, opts, reporter, to=None):
+    """Relaunch the release before `current` (or `to`: a rolling deploy names the one that
+    ran before it, which differs when a failed release lies in between)."""
     from .stop import stop_deployment
     from .lock import take_lock
     from .preflight import deploy_dir
@@ -175,7 +177,9 @@ def rollback_host(host, profile, opts, reporter):
     current = listing["current"]
     if current is None:
         raise OperationFailed(f"nothing deployed in {ddir}: no release to roll back from")
-    prev = previous_release(listing["releases"], current)
+    prev = to or previous_release(listing["releases"], current)
+    if to is not None and to not in [r["release"] for r in listing["releases"]]:
+        raise OperationFailed(f"release {to} is no longer kept in {ddir}; nothing was changed")
     if prev is None:
         ran = [r["release"] for r in listing["releases"]]
         raise OperationFailed(f"no release before {current} to roll back to in {ddir} "

@@ -14,8 +14,8 @@ import vllm
 from llmfab_standin import demo_server as http
 from vllm import config_checks
 from llmfab_standin.engine import (EngineChild, GpuHold, Knobs, Lifecycle, gpu_free_mib,
-                                   jsonable, new_engine, periodic, stamp_file, visible_gpus,
-                                   write_received)
+                                   jsonable, new_engine, periodic, record_event, stamp_file,
+                                   visible_gpus, write_received)
 from vllm.logger import lines, log, set_process
 
 HERE = os.path.dirname(os.path.abspath(vllm.__file__))
@@ -59,6 +59,7 @@ class Server:
 
     # -- failures -----------------------------------------------------------------------
     def _exit(self, code):
+        record_event(self.knobs.events_file, "exit")
         if self.child is not None:
             self.child.stop()
         if self.hold is not None:
@@ -103,6 +104,7 @@ class Server:
     # -- start-up -----------------------------------------------------------------------
     def run(self):
         a, k = self.args, self.knobs
+        record_event(k.events_file, "start")
         log("vLLM API server version %s" % vllm.__version__, "api_server.py:1885")
         log("non-default args: %s" % _non_default(a, self.defaults), "utils.py:233")
         host = a.host or "0.0.0.0"
@@ -273,6 +275,7 @@ class Server:
             "api_server.py:1912")
         server = http.start_http(state, sock)
         stamp_file(k.ready_file)
+        record_event(k.events_file, "ready")
         lines(self.api, "INFO:     Started server process [%d]\nINFO:     Waiting for application "
               "startup.\nINFO:     Application startup complete." % os.getpid())
         stats_stop = self.life.stop_requested
@@ -350,6 +353,7 @@ class Server:
         self._shutdown_and_exit(server, code=0)
 
     def _shutdown_and_exit(self, server=None, code=0):
+        record_event(self.knobs.events_file, "stop")
         if server is not None:
             log("Shutting down FastAPI HTTP server.", "launcher.py:110")
             lines(self.api, "INFO:     Shutting down")
