@@ -169,3 +169,31 @@ def test_every_fixture_line_that_a_pattern_matches_contains_its_literal():
                 for p in rule.patterns:
                     if p.compiled.search(line):
                         assert p.needle is None or p.needle in line, (p.regex, line)
+
+
+class RecordedHost:
+    """Answers the agent requests explain_dead makes with recorded answers (no transport)."""
+
+    def __init__(self, log, oom_line=None):
+        self.log, self.oom_line = log, oom_line
+
+    def call(self, op, **kw):
+        import base64
+        return {"log_tail": {"data": base64.b64encode(self.log.encode()).decode()},
+                "gpu_procs": SURVEY, "kernel_oom": {"line": self.oom_line}}[op]
+
+
+@pytest.mark.parametrize("log,code,oom,rule", [
+    ("engine-dead.log", 0, None, "engine-dead"),        # an engine crash can exit 0
+    ("exited--signal.log", -15, None, None),            # a stop: nothing failed
+    ("exited--signal.log", 0, None, None),
+    ("exited--signal.log", -9, None, None),             # SIGKILL after the stop's grace
+    ("exited--signal.log", -9, "Out of memory: Killed process 4200 (python3) total-vm:1kB, anon-rss:1kB", "exited"),
+    ("exited.log", 1, None, "exited"),
+    ("exited.log", -15, None, None),                     # a shutdown traceback after a stop says nothing
+])
+def test_status_explains_a_dead_server_only_when_it_failed(log, code, oom, rule, profile):
+    from tasks.failreport import explain_dead
+    host = RecordedHost((FIXTURES / log).read_text(), oom)
+    ex = explain_dead(host, profile, "/d", {"pid": 4200, "pgid": 4200, "release": "r1"}, {"returncode": code})
+    assert (ex and ex.rule) == rule
