@@ -152,3 +152,11 @@ def test_sglang_without_room_for_its_kv_cache_gives_the_next_mem_fraction(lab):
     assert fatal["rule"] == "no-kv-cache-memory"
     assert fatal["line"].endswith("Current value: mem_fraction_static=0.6")
     assert "`mem-fraction-static` in [server.args] (now 0.6; try 0.65)" in fatal["fix"]
+
+
+def test_port_taken_names_the_port_and_how_to_find_its_holder(lab):
+    prof = vllm(lab, "explain-port", "h1", 31411, env=[("STANDIN_FAIL", "port_in_use")])
+    fatal, _ = failed_deploy(lab, prof)
+    assert fatal["rule"] == "port-in-use" and fatal["line"].endswith("OSError: [Errno 98] Address already in use")
+    assert "port 31411 is already taken" in fatal["cause"]
+    assert "`ss -ltnp 'sport = :31411'`" in fatal["fix"] and "`server.port`" in fatal["fix"]
