@@ -25,7 +25,8 @@ from lab import REPO, wait_for
 
 HOST_PYTHON = "/usr/bin/python3"
 PORT = 18470
-TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "releases", "rollback", "status", "stop", "tail-log"]
+# Every task of the checkout's collection (what `fab --list` shows there), sorted.
+TASKS = sorted(name.replace("_", "-") for name in __import__("tasks").ns.task_names)
 USER_TASKS = 'from invoke import task\n\n\n@task\ndef hello(c):\n    """The user\'s own task."""\n'
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache",
                                      ".hypothesis")
