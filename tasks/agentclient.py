@@ -22,7 +22,7 @@ HOSTSIDE = Path(__file__).with_name("hostside")
 HOST_MODULES = ("common", "supervision", "gpu", "gpuprocs", "probe", "procs", "lock", "files", "releases", "launch", "state",
                 "modelcheck", "versions", "specrules", "specfacts", "specdoctor", "speclog",
                 "preflight", "bench",
-                "logs", "history", "ray_node", "agent")
+                "logs", "history", "ray_node", "oomkill", "agent")
 
 # Read by the profile's Python on the host: the agent's sources arrive on stdin as one
 # JSON line; the modules are built in memory (nothing is written on the host).

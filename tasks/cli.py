@@ -99,8 +99,10 @@ def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_hos
 @task(help=_help(**{
     "timeout": "seconds to wait for readiness (default: the profile's ready.timeout)",
     "no-wait": "return once launched, without waiting for readiness",
+    "json": "print one JSON object per host on stdout (a failed start: with `fatal`)",
 }))
-def rollback(c, profile=None, timeout=None, no_wait=False, parallel=32, accept_new_host_keys=False):
+def rollback(c, profile=None, timeout=None, no_wait=False, json=False, parallel=32,
+             accept_new_host_keys=False):
     """Stop the current release and relaunch the previous one exactly as it was."""
     return _boundary(c, "releases:rollback", "RollbackOptions", locals())
 

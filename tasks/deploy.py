@@ -3,7 +3,8 @@ import json
 import os
 
 from .argv import server_argv
-from .errors import ExitCode, OperationFailed
+from .errors import ExitCode, LlmfabError, OperationFailed
+from .failreport import failed_record
 from .fanout import HostResult
 from .preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
 from .gpuwait import profile_devices
@@ -187,7 +188,12 @@ def deploy(c, opts):
         return res
 
     def op(host, reporter):
-        res = one(host, reporter)
+        try:
+            res = one(host, reporter)
+        except LlmfabError as e:
+            if opts.json:  # a failed deploy prints its host object too, with why (`fatal`)
+                reporter.emit_json(failed_record(host.name, e))
+            raise
         if opts.json:
             reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
         return res

@@ -183,6 +183,7 @@ class ReleasesOptions(Common):
 class RollbackOptions(Common):
     timeout: Optional[float] = None
     no_wait: bool = False
+    json: bool = False
 
     @staticmethod
     def convert(flags):

@@ -46,8 +46,10 @@ def batches(hosts, size):
     return [list(hosts[i:i + size]) for i in range(0, len(hosts), size)]
 
 
-def _outcome(res, rolled, release, why):
+def _outcome(res, rolled, release, why, fatal=None):
     res.data.update(rolled=rolled, release=release, why=why)
+    if fatal is not None:  # why the new release's server failed (tasks/failreport.py)
+        res.data["fatal"] = fatal
     return res
 
 
@@ -78,21 +80,21 @@ def host_step(host, *, ddir, deploy_one, rollback_one, stop_one, reporter):
         return _outcome(res, "new", res.data.get("release"), res.summary)
     except LlmfabError as e:
         report_error(reporter, name, e)
-        failed, code = e.message.splitlines()[0], int(e.code)
+        failed, code, fatal = e.message.splitlines()[0], int(e.code), getattr(e, "fatal", None)
     try:
         now = _state(host, ddir)
         if was is None:
             reporter.line(name, "rolling: no release ran here before: stopping it")
             stop_one(host, reporter)
             return _outcome(HostResult(name, code, "stopped"), "stopped", None,
-                            f"{failed}; no release ran here before: stopped")
+                            f"{failed}; no release ran here before: stopped", fatal)
         if _running(now) == was:  # e.g. the preflight failed: nothing was launched
             why = f"{failed}; nothing new was launched: release {was} kept running"
-            return _outcome(HostResult(name, code, f"kept {was}"), "back", was, why)
+            return _outcome(HostResult(name, code, f"kept {was}"), "back", was, why, fatal)
         reporter.line(name, f"rolling: putting back release {was}, the one that ran before")
         back = rollback_one(host, reporter, was)
         return _outcome(HostResult(name, code, f"back on {was}", back.data), "back", was,
-                        f"{failed}; {back.summary}")
+                        f"{failed}; {back.summary}", fatal)
     except LlmfabError as e:
         report_error(reporter, name, e)
         again = e.message.splitlines()[0]
@@ -102,7 +104,7 @@ def host_step(host, *, ddir, deploy_one, rollback_one, stop_one, reporter):
         except LlmfabError as e2:
             left = f"could not stop it either: {e2.message.splitlines()[0]}"
         return _outcome(HostResult(name, code, "stopped"), "stopped", None,
-                        f"{failed}; putting it back failed: {again}; {left}")
+                        f"{failed}; putting it back failed: {again}; {left}", fatal)
 
 
 def _read_only(ddir, why):

@@ -9,7 +9,6 @@ served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal` 
 `verdict(status)` into the host's result: no host is needed to test either.
 Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
 """
-import base64
 import datetime
 from dataclasses import dataclass, field
 
@@ -23,7 +22,8 @@ class Status:
     metric_lines: list = field(default_factory=list)   # speculative acceptance, tokens/s, load
     cluster_lines: list = field(default_factory=list)
     cluster_ok: bool = True
-    why: str = None                                    # why a dead server ended (its fatal line)
+    why: str = None                                    # why a dead server ended (the cause)
+    fix: str = None                                    # and what to do (tasks/failreport.py)
     supervisor_lines: list = field(default_factory=list)
 
     @property
@@ -48,17 +48,6 @@ def duration(seconds):
     h, rest = divmod(rest, 3600)
     m, s = divmod(rest, 60)
     return (f"{d}d{h:02d}h" if d else f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s")
-
-
-def fatal_line(host, ddir, release):
-    """(line, reason) of the first fatal line in the last 400 lines of the release's log, or None."""
-    from .agentclient import AgentError
-    from .logscan import LogScanner
-    try:
-        tail = host.call("log_tail", deploy_dir=ddir, release=release, lines=400)
-    except AgentError:
-        return None
-    return LogScanner().feed(base64.b64decode(tail["data"]).decode("utf-8", "replace"))
 
 
 def gather(host, profile, ddir):
@@ -104,10 +93,11 @@ def gather(host, profile, ddir):
     out.supervisor_lines = supervision.lines(record["supervisor"], (st.get("supervisor") or {}).get("reason"))
     if server and not alive:
         record["exit"] = st.get("exit") or None
-        fatal = fatal_line(host, ddir, server["release"])
-        if fatal:  # why it died: an engine crash can exit 0, so the log says more than the code
-            record["fatal"] = fatal[0]
-            out.why = f"{fatal[1]}: {fatal[0].strip()}"
+        from .failreport import explain_dead
+        ex = explain_dead(host, profile, ddir, server, record["exit"])
+        if ex:  # why it died: an engine crash can exit 0, so the log says more than the code
+            record["fatal"] = ex.as_json()
+            out.why, out.fix = ex.cause, ex.fix
         if record["supervisor"]["state"] == "gave-up":  # the crash loop first, then its line
             out.why = supervision.gave_up_why(record["supervisor"], st["supervisor"].get("reason"))
     return out
@@ -128,6 +118,8 @@ def render(status):
         lines = [f"not running: release {r['release']} {how}"]
         if status.why:
             lines.append(f"  why: {status.why}")
+        if status.fix:
+            lines.append(f"  fix: {status.fix}")
     else:
         lines = ["not deployed"]
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
@@ -156,9 +148,10 @@ def status(c, opts):
     def op(host, reporter):
         st = gather(host, profile, ddir)
         lines = render(st)
-        reporter.lines(host.name, lines[:1 + bool(st.why)])
+        head = 1 + bool(st.why) + bool(st.fix)
+        reporter.lines(host.name, lines[:head])
         if opts.json:
             reporter.emit_json(json_record(st))
-        reporter.lines(host.name, lines[1 + bool(st.why):])
+        reporter.lines(host.name, lines[head:])
         return verdict(st)
     run_task(c, profile, op, opts, title="status", json_mode=opts.json)

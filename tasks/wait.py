@@ -13,6 +13,7 @@ from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_
                       wait_exponential, wait_fixed)
 
 from .errors import HostUnreachable, OperationFailed
+from .failreport import server_failed
 from .logscan import LogScanner
 from .agentclient import AgentStartFailed, ConnectionLost
 
@@ -73,15 +74,10 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
         state["offset"] = r["log"]["offset"]
         if state["nvidia_smi"] and r.get("gpus") is None:
             state["nvidia_smi"] = None  # no GPUs readable here: stop asking every tick
-        fatal = scanner.feed(r["log"]["text"])
-        if fatal is not None:
-            raise OperationFailed(f"server failed: {fatal[1]}: {fatal[0].strip()}",
-                                  details=scanner.explanation())
-        if not r["alive"]:
-            # The agent read the log after seeing the process gone: its last words are in.
-            code = (r.get("exit") or {}).get("returncode")
-            how = f"exited with status {code}" if code is not None else "is gone"
-            raise OperationFailed(f"server {how} before it was ready", details=scanner.tail(20))
+        # The agent read the log after seeing the process gone: its last words are in.
+        fatal = scanner.feed(r["log"]["text"], final=not r["alive"])
+        if fatal is not None or not r["alive"]:  # why, and what to do (tasks/failreport.py)
+            raise server_failed(scanner, host, profile, server, r.get("exit"))
         elapsed = time.monotonic() - t0
         models = r.get("models")
         health = r.get("health")

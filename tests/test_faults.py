@@ -167,7 +167,7 @@ def test_engine_death_during_the_wait_fails_the_deploy_with_its_line(lab):
     t0 = time.monotonic()
     r = fab(lab, "deploy", profile=prof, code=1)
     assert time.monotonic() - t0 < 45
-    assert "server failed: the engine died" in r.stdout, r.stdout
+    assert "server failed: the engine process died: RuntimeError: CUDA error: an illegal memory" in r.stdout, r.stdout
     assert "EngineCore encountered a fatal error" in r.stdout
     assert "not ready after" not in r.stdout
 
@@ -186,10 +186,11 @@ def test_engine_death_after_ready_status_says_dead_and_why(lab):
     r, record = wait_for(dead, 60, "status to report the server dead")
     assert r.returncode == 1
     assert record["exit"]["returncode"] == 0  # an engine crash can exit 0
-    assert "EngineCore encountered a fatal error" in record["fatal"]
+    assert record["fatal"]["rule"] == "engine-dead"
+    assert "EngineCore encountered a fatal error" in record["fatal"]["line"]
     human = fab(lab, "status", profile=prof, code=1).stdout
     assert f"not running: release {server['release']} exited with status 0" in human, human
-    assert "the engine died" in human and "EngineCore encountered a fatal error" in human, human
+    assert "why: the engine process died" in human and "  fix: " in human, human
 
 
 # -- Ctrl-C during the wait ------------------------------------------------------------------

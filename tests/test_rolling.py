@@ -167,7 +167,8 @@ def test_a_bad_release_stops_at_the_first_failed_batch_and_puts_it_back(lab):
         assert rec[h]["release"] == now[h]["release"] == before[h]["release"]
         assert now[h]["pid"] != before[h]["pid"]  # relaunched, as `fab rollback` does
         assert serving(lab, h, "roll-bad") == ["roll-m"]
-        assert "Engine core initialization failed" in rec[h]["why"] and "rolled back" in rec[h]["why"]
+        assert "server failed: one request of" in rec[h]["why"] and "rolled back" in rec[h]["why"]
+        assert rec[h]["fatal"]["rule"] == "kv-cache-too-small", rec[h]  # why, as a plain deploy says
     for h in ("h5", "h6"):
         assert rec[h]["rolled"] == "untouched" and rec[h]["release"] == before[h]["release"], rec[h]
         assert now[h] == before[h]  # same pid, same start: never stopped

@@ -17,8 +17,8 @@ import sys
 import threading
 import traceback
 
-from . import (bench, files, gpu, gpuprocs, history, launch, lock, logs, preflight, probe, procs,
-               ray_node, releases, state)
+from . import (bench, files, gpu, gpuprocs, history, launch, lock, logs, oomkill, preflight, probe,
+               procs, ray_node, releases, state)
 from .common import CONTEXT, HostError
 
 VERSION = 1
@@ -45,7 +45,7 @@ def _user():
 
 
 OPS = {"hello": op_hello}
-for _module in (lock, files, releases, launch, state, probe, gpu, gpuprocs, procs, preflight, logs,
+for _module in (lock, files, releases, launch, state, probe, gpu, gpuprocs, procs, preflight, logs, oomkill,
                 history, bench, ray_node):
     OPS.update(getattr(_module, "OPS", {}))
 from . import speclog  # noqa: E402  the speculative-decoding doctor

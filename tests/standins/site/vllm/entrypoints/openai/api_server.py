@@ -12,6 +12,7 @@ import time
 
 import vllm
 from llmfab_standin import demo_server as http
+from vllm import config_checks
 from llmfab_standin.engine import (EngineChild, GpuHold, Knobs, Lifecycle, gpu_free_mib, start_hang,
                                    jsonable, new_engine, periodic, record_event, stamp_file,
                                    visible_gpus, write_received)
@@ -131,6 +132,9 @@ class Server:
                 "   - For Hugging Face models: ensure the presence of a 'config.json'.\n" % model)
         served = list(a.served_model_name or [model])
         spec = a.speculative_config
+        cfg = config_checks.text_config(model)  # vLLM validates the model's config first
+        config_checks.check_max_model_len(a, cfg, self.api_traceback, HERE)
+        config_checks.check_heads(a, cfg, self.api_traceback, HERE)
         log("Resolved architecture: Qwen3ForCausalLM", "model.py:547")
         log("Using max model len %d" % (a.max_model_len or 40960), "model.py:1510")
         spec_k = self._check_spec(spec)
@@ -207,6 +211,7 @@ class Server:
                 "cache memory (9.47 GiB). Based on the available memory, the estimated maximum "
                 "model length is 155072. Try increasing `gpu_memory_utilization` or decreasing "
                 "`max_model_len` when initializing the engine.")
+        config_checks.check_kv_cache(a, cfg, self.engine_init_failed)
         clog("Available KV cache memory: 61.25 GiB", "gpu_worker.py:298")
         clog("GPU KV cache size: 501,760 tokens", "kv_cache_utils.py:1087")
         self._sleep(0.2)
