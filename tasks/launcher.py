@@ -166,11 +166,22 @@ def supervise_config(profile: Profile):
             "metrics_path": None if srv.engine == "command" else "/metrics"}
 
 
+def supervisor_rules():
+    """supervise_rules.json: the failure-rule table (tasks/failrules/) as data the supervisor
+    matches on the host, so restarts.jsonl and the restart marker name the rule."""
+    from .failrules import RULES
+    table = [{"id": r.id, "priority": r.priority, "wrapper": r.wrapper,
+              "patterns": [{"regex": p.regex, "after": p.after} for p in r.patterns]}
+             for r in RULES if r.patterns]
+    return (json.dumps(table, indent=0) + "\n").encode()
+
+
 def supervisor_files(profile: Profile):
     """[(name, bytes, mode)] of the supervisor, for the release directory; [] when off."""
     if not profile.supervise.on:
         return []
-    return [(name, (SUPERVISOR_DIR / name).read_bytes(), 0o600) for name in SUPERVISOR_FILES]
+    return [(name, (SUPERVISOR_DIR / name).read_bytes(), 0o600) for name in SUPERVISOR_FILES] + \
+        [("supervise_rules.json", supervisor_rules(), 0o600)]
 
 
 def _supervised(text, profile):

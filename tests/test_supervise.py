@@ -137,13 +137,15 @@ def test_a_server_that_always_fails_gives_up_after_max_restarts_naming_the_loop_
     assert not st["running"] and st["supervisor"]["restarts"] == 2
     recs = attempts(lab, name)
     assert [r["attempt"] for r in recs] == [1, 2, 3]
-    assert all(r["exit"] == 1 and "CUDA out of memory" in r["line"] for r in recs)
+    assert all(r["exit"] == 1 and r["rule"] == "cuda-oom" and "CUDA out of memory" in r["line"] for r in recs)
     r = lab.fab("status", profile=prof, timeout=60)
     assert r.returncode == 1
     assert "crash loop: 2 restarts within 600 s (max_restarts = 2)" in r.stdout
     assert "fatal line: " in r.stdout and "CUDA out of memory" in r.stdout
     log = (release(lab, name) / "server.log").read_text()
     assert log.count("--- llmfab: restart") == 2 and log.count("CUDA out of memory") >= 3
+    assert "--- llmfab: restart 2 of the server (previous attempt: exit status 1, cuda-oom) at " in log
+    assert st["supervisor"]["last"]["rule"] == "cuda-oom"
     fab(lab, "stop", profile=prof)
 
 

@@ -12,7 +12,7 @@ from tasks import gpuwait, logscan, metrics, supervision
 from tasks.deploy import release_files
 from tasks.errors import ProfileError
 from tasks.hostside import procs
-from tasks.launcher import SUPERVISOR_FILES, render_launcher
+from tasks.launcher import SUPERVISOR_FILES, render_launcher, supervisor_rules
 from tasks.profile import load_profile
 from tasks.status import Status, render
 
@@ -65,7 +65,7 @@ def test_supervised_launcher_runs_the_supervisor_and_ships_its_files(tmp_path):
     compile(text, "launch.py", "exec")
     assert "import supervise\n" in text and "'hang_timeout': 7.0," in text and "'restart': 'always'," in text
     names = [n for n, _, _ in release_files(p)]
-    assert set(SUPERVISOR_FILES) <= set(names)
+    assert set(SUPERVISOR_FILES) | {"supervise_rules.json"} <= set(names)
     plain = load_profile(DEMO)
     assert "supervise" not in render_launcher(plain) and not set(SUPERVISOR_FILES) & {n for n, _, _ in release_files(plain)}
 
@@ -82,8 +82,30 @@ def test_the_supervisor_files_use_only_the_standard_library():
 
 # -- the copies the supervisor carries equal their originals -------------------------------
 
+@pytest.fixture(scope="module")
+def rules(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rules") / "supervise_rules.json"
+    path.write_bytes(supervisor_rules())
+    return supervise_watch.load_rules(str(path))
+
+
+FAILURES = sorted((REPO / "tests" / "fixtures" / "failures").glob("*.log"))
+
+
+@pytest.mark.parametrize("log", FAILURES, ids=[f.stem for f in FAILURES])
+def test_the_host_picks_the_same_line_and_rule_as_the_explainer(rules, log):
+    """Every recorded failure log: supervise_watch (on the host, from the rules as data)
+    names the line and rule tasks/logscan.py names."""
+    scanner = logscan.LogScanner()
+    scanner.feed(log.read_text(errors="replace"), final=True)
+    line, rule = supervise_watch.fatal_line(str(log), 0, rules)
+    if scanner.fatal is None:
+        assert rule is None
+    else:
+        assert (line, rule) == (scanner.fatal.line.strip()[:500], scanner.fatal.rule.id)
+
+
 def test_supervisor_copies_match_llmfab():
-    assert [p.pattern for p in supervise_watch.FATAL] == [p.pattern for p, _ in logscan.FATAL]
     assert (supervise_host.TOLERANCE_MIB, supervise_host.TOLERANCE_FRACTION) == \
         (gpuwait.TOLERANCE_MIB, gpuwait.TOLERANCE_FRACTION)
     assert supervise_host.KILL_WAIT_S == procs.KILL_WAIT_S
@@ -96,21 +118,23 @@ def test_supervisor_copies_match_llmfab():
 
 # -- the fatal line of one attempt ---------------------------------------------------------
 
-def test_fatal_line_reads_only_this_attempts_part_of_the_log(tmp_path):
+def test_fatal_line_reads_only_this_attempts_part_of_the_log(tmp_path, rules):
     log = tmp_path / "server.log"
     old = "RuntimeError: Engine core initialization failed. See root cause above.\n"
     log.write_text(old)
     offset = len(old)
     with log.open("a") as f:
-        f.write("INFO loading\n(EngineCore_DP0 pid=9) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried\n")
-    assert supervise_watch.fatal_line(str(log), offset).endswith("CUDA out of memory. Tried")
+        f.write("INFO loading\n(EngineCore_DP0 pid=9) ERROR 12-01 03:00:00 [core.py:708] "
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB.\n")
+    line, rule = supervise_watch.fatal_line(str(log), offset, rules)
+    assert rule == "cuda-oom" and line.endswith("Tried to allocate 1.95 GiB.")
     with log.open("a") as f:
         f.write("--- llmfab: restart 1 ---\n")
     offset = log.stat().st_size
     with log.open("a") as f:
         f.write('Traceback (most recent call last):\n  File "x.py", line 1\nKeyError: \'model\'\n')
-    assert supervise_watch.fatal_line(str(log), offset) == "KeyError: 'model'"
-    assert supervise_watch.fatal_line(str(log), log.stat().st_size) is None
+    assert supervise_watch.fatal_line(str(log), offset, rules) == ("KeyError: 'model'", None)
+    assert supervise_watch.fatal_line(str(log), log.stat().st_size, rules) == (None, None)
 
 
 # -- hang detection against a real HTTP server ----------------------------------------------

@@ -21,7 +21,7 @@ import subprocess
 import time
 
 from supervise_host import Release, gpu_limits, gpus_over, stop_attempt
-from supervise_watch import HangWatch, fatal_line
+from supervise_watch import HangWatch, fatal_line, load_rules
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # USR1: `fab stop`'s request; TERM: any stop
 TICK_S = 5.0  # longest sleep between looks when nothing happens (idle CPU stays ~0)
@@ -42,6 +42,7 @@ def describe_end(rc):
 class Supervisor:
     def __init__(self, here, argv, env, config, report_fd):
         self.rel = Release(here)
+        self.rules = load_rules(os.path.join(here, "supervise_rules.json"))
         self.argv, self.env, self.cfg = argv, env, config
         self.report_fd = report_fd
         self.stopping = False
@@ -114,13 +115,13 @@ class Supervisor:
 
     def end_attempt(self, rc, hang, ended_at):
         exit_, sig, text = describe_end(rc)
-        line = hang or fatal_line(self.rel.log_path, self.offset)
+        line, rule = (hang, "hung") if hang else fatal_line(self.rel.log_path, self.offset, self.rules)
         record = {"attempt": self.attempt, "started_at": self.started_at, "ended_at": ended_at,
-                  "exit": exit_, "signal": sig, "rule": "hung" if hang else None, "line": line}
+                  "exit": exit_, "signal": sig, "rule": rule, "line": line}
         self.rel.append_jsonl("restarts.jsonl", record)
         self.last = {k: record[k] for k in ("exit", "signal", "rule", "line", "ended_at")}
         self.last_text = text + (", hung" if hang else "")
-        failed = bool(hang) or rc != 0 or line is not None
+        failed = bool(hang) or rc != 0 or rule is not None
         self.publish(last=self.last)
         return failed
 

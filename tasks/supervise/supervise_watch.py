@@ -1,27 +1,20 @@
-"""The supervisor's eyes: hang detection over HTTP, and the fatal line of an attempt's log.
+"""The supervisor's eyes: hang detection over HTTP, and the fatal line (and rule) of an attempt's log.
 
 Copied into a release beside supervise.py. Hung (DESIGN.md "Supervision"), once the
 server answered /health 200: no 200 for `hang_timeout` s since the last one (a probe
 fails after min(5, hang_timeout) s), or requests running/waiting while the generated-token
 counter in /metrics stays put for `hang_timeout` s. Busy and progressing, or idle with
-nothing waiting, is not hung. FATAL mirrors tasks/logscan.py's patterns (a unit test holds
-them equal). Standard library only, Python >= 3.9.
+nothing waiting, is not hung. The fatal line is chosen from the failure-rule table as
+tasks/logscan.py chooses it (a unit test holds the two to the same answers). Standard
+library only, Python >= 3.9.
 """
 import http.client
+import json
 import re
 import time
 
-FATAL = [re.compile(p) for p in (
-    r"^(?:[\w.-]+(?: [\w.-]+)?): error: ",
-    r"unrecognized arguments:",
-    r"Engine core initialization failed",
-    r"CUDA out of memory|torch\.OutOfMemoryError|torch\.cuda\.OutOfMemoryError",
-    r"Free memory on device .* is less than desired GPU memory utilization",
-    r"No available memory for the cache blocks",
-    r"Address already in use",
-    r"NCCL error|Gloo connectFullMesh failed",
-    r"EngineDeadError|EngineCore encountered a fatal error",
-)]
+# The failure-rule table (tasks/failrules/) comes as data: supervise_rules.json beside
+# this file, [{id, priority, wrapper, patterns: [{regex, after}]}], highest priority first.
 EXCEPTION = re.compile(r"^(?:\(\w+[^)]*\) )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b(?::|$)")
 READ_MAX = 4 << 20  # bytes of an attempt's log read for its fatal line (the tail if longer)
 
@@ -31,28 +24,63 @@ BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting", "sglang:num_ru
         "sglang:num_queue_reqs")
 
 
-def fatal_line(log_path, offset):
-    """The first known fatal line written since `offset`, else the last exception line of a
-    traceback there, else None."""
+def load_rules(path):
+    """[(id, wrapper, priority, [(regex, after or None)])] from supervise_rules.json, compiled."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError):
+        return []
+    out = []
+    for r in table:
+        pats = []
+        for p in r.get("patterns", ()):
+            try:
+                pats.append((re.compile(p["regex"]), re.compile(p["after"]) if p.get("after") else None))
+            except re.error:
+                continue  # a pattern this Python cannot compile is skipped, not fatal
+        if pats:
+            out.append((r["id"], r.get("wrapper", ""), r.get("priority", 0), pats))
+    return out
+
+
+def _rule_of(rules, lines, n):
+    for rule_id, wrapper, priority, pats in rules:  # highest priority first, as tasks/logscan.py
+        for regex, after in pats:
+            if regex.search(lines[n]) and (after is None or any(after.search(b) for b in lines[max(0, n - 4):n])):
+                return rule_id, wrapper, priority
+    return None
+
+
+def fatal_line(log_path, offset, rules=()):
+    """(line, rule id) of what explains this attempt's end, from the log written since
+    `offset`: the highest-priority root-cause line (the earliest of equals), else the
+    first wrapper line (`Engine core initialization failed`, ...), as tasks/logscan.py
+    decides; with no known line, (the last exception line of a traceback, None), else
+    (None, None)."""
     try:
         with open(log_path, "rb") as f:
             size = f.seek(0, 2)
             f.seek(max(offset, size - READ_MAX))
             text = f.read().decode("utf-8", "replace")
     except OSError:
-        return None
+        return None, None
     lines = text.splitlines()
-    for line in lines:
-        if any(p.search(line) for p in FATAL):
-            return line.strip()[:500]
-    seen_traceback = False
-    last = None
+    roots, wrappers = [], []
+    for n in range(len(lines)):
+        hit = _rule_of(rules, lines, n)
+        if hit:
+            (wrappers if hit[1] else roots).append((n, hit[0], hit[2]))
+    if roots or wrappers:
+        n, rule_id, _ = min(roots, key=lambda x: (-x[2], x[0])) if roots else wrappers[0]
+        return lines[n].strip()[:500], rule_id
+    seen_traceback, last = False, None
     for line in lines:
         if "Traceback (most recent call last)" in line:
             seen_traceback = True
         elif seen_traceback and EXCEPTION.match(line.strip()):
             last = line.strip()[:500]
-    return last
+    return last, None
 
 
 def metric_values(text):
