@@ -173,6 +173,8 @@ class Supervisor:
                     self.publish(state="off", next_attempt_at=None)
                     return self.finish(proc.wait())
                 ended_at = now_iso()
+                if hang:  # when it was seen, to the microsecond (the record has seconds)
+                    self.publish(hang_detected_at=time.time())
                 # What is left goes first (a hung server included: it exits by our TERM or
                 # KILL, and that is how its attempt ended); then the record.
                 stop_attempt(self.rel, proc, self.cfg.get("grace", 30.0), self)
