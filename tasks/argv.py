@@ -10,6 +10,7 @@ Rules for `[server.args]` (in file order):
   array   -> `--flag` + one element per item
   number  -> `--flag` + str(number);  string -> `--flag` + the string, verbatim
 """
+from .profile.serverargs import ServerArgs
 from .profile.types import JsonTable, Profile
 
 VLLM_MODULE = "vllm.entrypoints.cli.main"
@@ -43,24 +44,20 @@ def render_args(args):
     return out
 
 
-def _has(args, *names):
-    wanted = {n.replace("_", "-") for n in names}
-    return any(k.replace("_", "-") in wanted for k, _ in args)
-
-
 def server_argv(profile: Profile):
     """The complete argv the launcher executes on the host."""
     s = profile.server
+    args = ServerArgs(s.args)
     extra = []
     if s.engine in ("vllm", "sglang"):
         # host/port come from [server] unless the user spelled them as args.
-        if not _has(s.args, "host"):
+        if not args.has("host"):
             extra += ["--host", s.host]
-        if not _has(s.args, "port"):
+        if not args.has("port"):
             extra += ["--port", str(s.port)]
     if s.engine == "vllm":
         head = [s.interpreter, "-m", VLLM_MODULE, "serve", s.model]
-        if profile.cluster is not None and not _has(s.args, "distributed-executor-backend"):
+        if profile.cluster is not None and not args.has("distributed-executor-backend"):
             extra += ["--distributed-executor-backend", "ray"]
     elif s.engine == "sglang":
         head = [s.interpreter, "-m", SGLANG_MODULE, "--model-path", s.model]

@@ -12,8 +12,6 @@ are counter deltas over the bench alone. `--compare A.json,B.json` prints two sa
 import json
 from pathlib import Path
 
-from invoke.exceptions import Exit
-
 from . import benchstats, metrics
 from .runner import load, run_task
 from .errors import ExitCode, OperationFailed, UsageError
@@ -32,23 +30,6 @@ BUILTIN_PROMPTS = (
 )
 # After the window the agent's counters may trail the last streamed token by a moment.
 COUNTER_SETTLE_S = 2.0
-
-
-DEFAULTS = {"requests": 32, "concurrency": 4, "max_tokens": 128}
-
-
-def _positive(opts, key):
-    value = opts.get(key)
-    if value is None:
-        return DEFAULTS[key]
-    try:
-        n = int(value)
-        if n != float(value) or n < 1:
-            raise ValueError
-    except (TypeError, ValueError):
-        raise UsageError(f"--{key.replace('_', '-')} expects a positive integer (got {value!r})") \
-            from None
-    return n
 
 
 def read_prompts(path):
@@ -89,10 +70,8 @@ def api_key(profile):
     return env.value if isinstance(env, Secret) else env
 
 
-def compare(spec):
-    paths = [p.strip() for p in str(spec).split(",") if p.strip()]
-    if len(paths) != 2:
-        raise UsageError(f"--compare expects two files: --compare A.json,B.json (got {spec!r})")
+def compare(paths):
+    """`--compare A.json,B.json`: the two saved runs side by side."""
     columns = benchstats.read_runs(paths[0]) + benchstats.read_runs(paths[1])
     headers, rows = benchstats.compare_table(columns)
     from .report import Reporter
@@ -117,17 +96,14 @@ def _settle(host, profile, port, raw, tokens):
 
 
 def bench(c, opts):
-    try:
-        if opts.get("compare"):
-            return compare(opts["compare"])
-        req = {k: _positive(opts, k) for k in ("requests", "concurrency", "max_tokens")}
-        prompts = read_prompts(opts["prompts"]) if opts.get("prompts") else \
-            [{"prompt": p} for p in BUILTIN_PROMPTS]
-    except UsageError as e:
-        raise Exit(f"error: {e.message}", code=ExitCode.BAD_INPUT) from None
-    profile = load(c, opts.get("profile"))
-    json_mode = opts.get("json")
-    from .deploy import deploy_dir
+    """Body of `fab bench` (opts: tasks.options.BenchOptions)."""
+    if opts.compare:
+        return compare(opts.compare)
+    req = {"requests": opts.requests, "concurrency": opts.concurrency, "max_tokens": opts.max_tokens}
+    prompts = read_prompts(opts.prompts) if opts.prompts else [{"prompt": p} for p in BUILTIN_PROMPTS]
+    profile = load(c, opts.profile)
+    json_mode = opts.json
+    from .preflight import deploy_dir
     ddir = deploy_dir(profile)
     engine = profile.server.engine
 

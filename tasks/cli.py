@@ -1,8 +1,16 @@
-"""The tasks `fab` shows. Thin: each parses flags and hands over to a module.
+"""The tasks `fab` shows, and the one error boundary of llmfab.
 
-Imports of the heavier modules happen inside the tasks so `fab --list` stays fast.
+Each task parses its flags into a frozen options record (tasks/options.py) and hands it
+to the module that holds that capability. Every llmfab error, from any module, becomes
+its one-line message and exit code here (`_boundary`) and nowhere else. Imports of the
+heavier modules happen inside the tasks so `fab --list` stays fast.
 """
+import importlib
+
 from invoke import task
+from invoke.exceptions import Exit
+
+from .errors import LlmfabError
 
 PROFILE_HELP = "TOML deployment profile (default: config key llmfab.profile, else configs/demo.toml)"
 COMMON = {
@@ -16,6 +24,19 @@ def _help(**extra):
     return dict(COMMON, **extra)
 
 
+def _boundary(c, where, options, flags):
+    """Parse `flags` into `options` (a tasks.options class) and run the body `where`
+    ("module:function") with them; any LlmfabError becomes `error: <message>` + its exit code."""
+    from . import options as options_module
+    try:
+        opts = getattr(options_module, options).from_flags(**flags)
+        module, function = where.split(":")
+        body = getattr(importlib.import_module(f".{module}", __package__), function)
+        return body(c, opts)
+    except LlmfabError as e:
+        raise Exit(f"error: {e.message}" if e.message else None, code=int(e.code)) from None
+
+
 @task(help=_help(**{
     "dry-run": "print the argv and launch.py that would be used; touch no host",
     "no-wait": "return once launched, without waiting for readiness",
@@ -26,15 +47,15 @@ def _help(**extra):
 def deploy(c, profile=None, dry_run=False, no_wait=False, timeout=None, stop_on_timeout=False,
            json=False, parallel=32, accept_new_host_keys=False):
     """Validate, preflight, push a release, launch detached, wait until ready (or say why not)."""
-    from .commands import deploy as run
-    run(c, locals())
+    return _boundary(c, "deploy:deploy", "DeployOptions", locals())
 
 
-@task(help=_help())
-def check(c, profile=None, parallel=32, accept_new_host_keys=False):
+@task(help=_help(**{
+    "json": "print one JSON object per host on stdout (human text goes to stderr)",
+}))
+def check(c, profile=None, json=False, parallel=32, accept_new_host_keys=False):
     """Validate the profile and run the whole preflight on the host(s); launch nothing."""
-    from .commands import check as run
-    run(c, locals())
+    return _boundary(c, "check:check", "CheckOptions", locals())
 
 
 @task(help=_help(**{
@@ -42,15 +63,13 @@ def check(c, profile=None, parallel=32, accept_new_host_keys=False):
 }))
 def status(c, profile=None, json=False, parallel=32, accept_new_host_keys=False):
     """Show per host: running?, pid, uptime, release, health, model, GPU memory, throughput."""
-    from .commands import status as run
-    run(c, locals())
+    return _boundary(c, "status:status", "StatusOptions", locals())
 
 
 @task(help=_help(grace="seconds between SIGTERM and SIGKILL (default 30)"))
 def stop(c, profile=None, grace=30.0, parallel=32, accept_new_host_keys=False):
     """Stop the server: SIGTERM its process group, wait, SIGKILL, sweep leftovers, check GPUs."""
-    from .commands import stop as run
-    run(c, locals())
+    return _boundary(c, "stop:stop", "StopOptions", locals())
 
 
 @task(help=_help(**{
@@ -62,8 +81,7 @@ def stop(c, profile=None, grace=30.0, parallel=32, accept_new_host_keys=False):
 def tail_log(c, profile=None, lines=50, follow=False, grep=None, release=None, parallel=32,
              accept_new_host_keys=False):
     """Show the last lines of the current release's server.log; --follow streams it."""
-    from .logs import tail_log as run
-    run(c, locals())
+    return _boundary(c, "logs:tail_log", "TailLogOptions", locals())
 
 
 @task(help=_help(**{
@@ -72,8 +90,7 @@ def tail_log(c, profile=None, lines=50, follow=False, grep=None, release=None, p
 }))
 def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_host_keys=False):
     """List the releases kept on the host: stamp, profile hash, started, how it ended, log size."""
-    from .releases import releases as run
-    run(c, locals())
+    return _boundary(c, "releases:releases", "ReleasesOptions", locals())
 
 
 @task(help=_help(**{
@@ -82,8 +99,7 @@ def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_hos
 }))
 def rollback(c, profile=None, timeout=None, no_wait=False, parallel=32, accept_new_host_keys=False):
     """Stop the current release and relaunch the previous one exactly as it was."""
-    from .releases import rollback as run
-    run(c, locals())
+    return _boundary(c, "releases:rollback", "RollbackOptions", locals())
 
 
 @task(help=_help(**{
@@ -96,8 +112,7 @@ def rollback(c, profile=None, timeout=None, no_wait=False, parallel=32, accept_n
 def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=False, json=False,
                    parallel=32, accept_new_host_keys=False):
     """Free GPUs: find every process using them, TERM then KILL, verify the memory came back."""
-    from .gpu import kill_gpu_procs as run
-    run(c, locals())
+    return _boundary(c, "gpu:kill_gpu_procs", "KillGpuProcsOptions", locals())
 
 
 @task(help=_help(**{
@@ -113,5 +128,4 @@ def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, pro
     """Load the running server through its OpenAI API: tokens/s, TTFT, ITL, spec acceptance."""
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
-    from .bench import bench as run
-    run(c, locals())
+    return _boundary(c, "bench:bench", "BenchOptions", locals())

@@ -27,9 +27,7 @@ import dataclasses
 import threading
 import time
 
-from invoke.exceptions import Exit
-
-from .errors import ExitCode, HostUnreachable, OperationFailed
+from .errors import ExitCode, HostUnreachable, OperationFailed, UsageError
 from .fanout import HostResult, run_all, worst
 from .profile.types import Profile, Secret
 from .agentclient import AgentError
@@ -42,12 +40,11 @@ STALE_GRACE_S = 15.0       # stopping an earlier Ray before a new one
 def check_hosts(hosts, profile: Profile):
     """A cluster profile has exactly one deploy host (the head), not among the workers."""
     if len(hosts) != 1:
-        raise Exit(f"error: {profile.path}: [cluster] deploys one model from ONE head host; got "
-                   f"{len(hosts)} ({', '.join(hosts)}): name only the head (-H or target.hosts); the "
-                   "other nodes go in cluster.workers", code=ExitCode.BAD_INPUT)
+        raise UsageError(f"{profile.path}: [cluster] deploys one model from ONE head host; got "
+                         f"{len(hosts)} ({', '.join(hosts)}): name only the head (-H or target.hosts); "
+                         "the other nodes go in cluster.workers")
     if hosts[0] in profile.cluster.workers:
-        raise Exit(f"error: {profile.path}: cluster.workers lists the head {hosts[0]!r} itself",
-                   code=ExitCode.BAD_INPUT)
+        raise UsageError(f"{profile.path}: cluster.workers lists the head {hosts[0]!r} itself")
 
 
 def node_env(profile: Profile):
@@ -106,15 +103,17 @@ def stop_node(host, ddir, reporter, grace, quiet=False):
     return res
 
 
-def deploy_head(head, profile: Profile, opts, reporter):
+def deploy_head(head, profile: Profile, opts, reporter, launched=None):
     """`fab deploy` on the head of a cluster profile: deploy_host with the Ray bring-up."""
-    from .deploy import deploy_dir, deploy_host
+    from .deploy import deploy_host
+    from .preflight import deploy_dir
     head.start()
     ip = _call(head, "ray_address", head_address=profile.cluster.head_address)["ip"]
     info = {}
     res = deploy_host(head, server_profile(profile, ip), opts, reporter,
                       before_launch=lambda: info.update(bring_up(head, profile, reporter,
-                                                                 ddir=deploy_dir(profile), head_ip=ip)))
+                                                                 ddir=deploy_dir(profile), head_ip=ip)),
+                      launched=launched)
     res.data["cluster"] = info
     res.summary += f" on {info['nodes']} Ray nodes"
     return res
@@ -129,7 +128,7 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
                   nvidia_smi=profile.gpu.nvidia_smi, wait=RAY_START_WAIT_S, timeout=RAY_START_WAIT_S + 30)
     stale = {w: threading.Event() for w in c.workers}
     head_up, shared = threading.Event(), {"failed": [], "head": None}
-    from .deploy import take_lock
+    from .lock import take_lock
 
     def worker(w):
         try:  # phase 1, alongside the head's: no Ray of an earlier cluster may rejoin
@@ -212,7 +211,7 @@ def _node_line(n):
 
 def stop_cluster(head, profile: Profile, reporter, *, ddir, grace):
     """After the server: Ray on every worker, then on the head. Returns nodes stopped."""
-    from .deploy import take_lock
+    from .lock import take_lock
     grace = 30.0 if grace is None else grace
 
     def worker(w):

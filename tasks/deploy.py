@@ -1,64 +1,16 @@
 """`fab deploy` for one host: lock, preflight, push a release, launch, wait until ready."""
-import getpass
 import json
 import os
-import socket
 
 from .argv import server_argv
-from .errors import ExitCode, LockHeld, OperationFailed, PreflightFailed
-from .fanout import HostResult, report_error
+from .errors import ExitCode, OperationFailed
+from .fanout import HostResult
+from .preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
 from .gpuwait import profile_devices
 from .launcher import render_argv_json, render_launcher, render_secrets
-from .profile.types import JsonTable, Profile
-from .modelcheck import models_request
-from .agentclient import AgentError
-from .wait import NotReadyInTime, call_resilient, wait_ready
-
-
-def deploy_dir(profile: Profile):
-    return f"{profile.target.workdir.rstrip('/')}/{profile.target.name}"
-
-
-def model_paths(profile: Profile):
-    """(key, absolute path) pairs the host must have: the model and any drafter/model path in args."""
-    out = []
-    s = profile.server
-    if s.model and s.model.startswith("/"):
-        out.append(("server.model", s.model))
-    for name, value in s.args:
-        key = f"server.args.{name}"
-        if isinstance(value, JsonTable):
-            obj = value.value()
-            if isinstance(obj, dict):
-                for k, v in obj.items():
-                    if (k == "model" or k.endswith("model_path") or k.endswith("-model-path")) \
-                            and isinstance(v, str) and v.startswith("/"):
-                        out.append((f"{key}.{k}", v))
-        elif (name.replace("_", "-").endswith("model-path") or name == "model") \
-                and isinstance(value, str) and value.startswith("/"):
-            out.append((key, value))
-    return out
-
-
-def preflight_request(profile: Profile, state=None):
-    """The host's preflight request. `state` (the agent's "state" answer) tells whether this
-    deployment is running on the same port: then the port counts as ours, to be freed by the
-    stop that precedes the launch, not as taken."""
-    s = profile.server
-    req = dict(
-        engine=s.engine,
-        argv0=s.command[0] if s.engine == "command" and s.command else None,
-        paths=model_paths(profile),
-        host=s.host, port=s.port, deploy_dir=deploy_dir(profile),
-        nvidia_smi=profile.gpu.nvidia_smi,
-        devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
-        min_free_mib=profile.gpu.min_free_mib,
-        models=models_request(profile),
-    )
-    server = (state or {}).get("server") or {}
-    if state and state.get("alive") and server.get("port") == s.port:
-        req["port_owner_pgid"] = server["pgid"]
-    return req
+from .profile.types import Profile
+from .lock import take_lock
+from .wait import wait_or_clean_up
 
 
 def release_files(profile: Profile):
@@ -91,52 +43,6 @@ def dry_run_text(profile: Profile):
     return lines
 
 
-def lock_info():
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "?"
-    return {"user": user, "client": socket.gethostname()}
-
-
-def take_lock(host, ddir, task, stale_agent=None):
-    """Take the deployment's lock, or raise LockHeld naming its holder.
-
-    `stale_agent`: pid of this task's own agent from before a lost connection; if that
-    agent still holds the lock (the host has not noticed the connection died), it is ended.
-    Returns the host's answer ({path, ended_stale_agent})."""
-    try:
-        return host.call("lock", deploy_dir=ddir, task=task, stale_agent=stale_agent, **lock_info())
-    except AgentError as e:
-        if e.kind != "lock_held":
-            raise
-        h = e.data.get("holder", {})
-        raise LockHeld(f"deployment {ddir} is locked by {h.get('user', '?')}@{h.get('from', '?')} "
-                       f"({h.get('task', '?')}, agent pid {h.get('pid', '?')} on {h.get('host', '?')}) "
-                       f"since {h.get('since', '?')}; try again when it is done (if that task's "
-                       f"connection died, its agent ends when the host notices, or end it now "
-                       f"with `kill {h.get('pid', 'PID')}` there)") from None
-
-
-def print_checks(reporter, name, checks):
-    for c in checks:
-        reporter.line(name, f"{c['status']:<4} {c['check']:<8} {c['message']}")
-
-
-def run_preflight(host, reporter, req):
-    """Run the host's preflight; print one line per check; raise PreflightFailed on any FAIL."""
-    checks = host.call("preflight", timeout=120, **req)["checks"]
-    print_checks(reporter, host.name, checks)
-    counts = {s: sum(c["status"] == s for c in checks) for s in ("OK", "WARN", "FAIL")}
-    reporter.line(host.name, f"preflight: {len(checks)} checks: {counts['OK']} OK, "
-                             f"{counts['WARN']} WARN, {counts['FAIL']} FAIL")
-    failed = [c for c in checks if c["status"] == "FAIL"]
-    if failed:
-        raise PreflightFailed(f"preflight failed ({len(failed)} check(s)); nothing was launched",
-                              details=[c["message"] for c in failed])
-    return checks
-
-
 def push_release(host, profile, ddir):
     rel = host.call("new_release", deploy_dir=ddir)
     try:
@@ -157,7 +63,9 @@ def stop_running(host, ddir, reporter, grace=30):
     return stop_deployment(host, ddir, reporter, grace=grace)
 
 
-def deploy_host(host, profile, opts, reporter, before_launch=None):
+def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None):
+    """Deploy on one host; `opts` a DeployOptions. `launched` (host -> server record) learns
+    what keeps running if the wait is interrupted."""
     name = host.name
     ddir = deploy_dir(profile)
     hello = host.start()
@@ -165,7 +73,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None):
     take_lock(host, ddir, "deploy")
     state = host.call("state", deploy_dir=ddir)
     running = state["alive"]
-    run_preflight(host, reporter, preflight_request(profile, state))
+    run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
     rel = push_release(host, profile, ddir)
     if running:
         reporter.line(name, f"release {state['current']} is running: stopping it first")
@@ -184,43 +92,80 @@ def deploy_host(host, profile, opts, reporter, before_launch=None):
                         f"log {rel['path']}/server.log")
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",
                         {"release": server["release"], "pid": server["pid"]})
-    if opts.get("no_wait"):
+    if opts.no_wait:
         return result
 
-    agent = {"pid": hello.get("pid")}
-
-    def relock():
-        reporter.line(name, "connection re-opened; still waiting")
-        took = take_lock(host, ddir, "deploy", stale_agent=agent["pid"])
-        if took.get("ended_stale_agent"):
-            reporter.line(name, f"ended agent pid {took['ended_stale_agent']} of the lost connection "
-                                "(it still held the lock)")
-        agent["pid"] = host.hello.get("pid")
-
-    launched = opts.get("launched", {})  # what Ctrl-C leaves running (tasks/commands.py)
-    launched[name] = server
+    if launched is not None:  # what Ctrl-C leaves running (the task body says so)
+        launched[name] = server
     try:
-        facts = wait_ready(host, profile, ddir, server, reporter, timeout=opts.get("timeout"),
-                           on_reconnect=relock)
-    except NotReadyInTime as e:
-        if not opts.get("stop_on_timeout"):
-            raise
-        reporter.line(name, "--stop-on-timeout: stopping the server")
-        call_resilient(host, "stop", deploy_dir=ddir, grace=30, timeout=90)
-        launched.pop(name, None)
-        raise NotReadyInTime(f"{e.what}; stopped it (--stop-on-timeout); its log stays in "
-                             f"release {server['release']}", details=e.details) from None
+        facts = wait_or_clean_up(host, profile, ddir, server, reporter, task="deploy",
+                                 timeout=opts.timeout, stop_on_timeout=opts.stop_on_timeout,
+                                 stale_agent=hello.get("pid"))
     except OperationFailed as e:
-        launched.pop(name, None)
-        report_error(reporter, name, e)  # the verdict first; the clean-up below may take seconds
-        # A server that failed is of no use; free its GPUs. Its log stays in the release.
-        try:
-            call_resilient(host, "stop", deploy_dir=ddir, grace=10, timeout=60, budget=10)
-        except Exception:
-            pass
+        if getattr(e, "stopped", False) and launched is not None:
+            launched.pop(name, None)
         raise
     reporter.line(name, f"ready in {facts['seconds']:.1f} s: {profile.served_name or 'server'} "
                         f"on port {profile.server.port}")
     result.summary = f"ready in {facts['seconds']:.1f} s ({server['release']})"
     result.data["ready_s"] = round(facts["seconds"], 3)
     return result
+
+
+def dry_run_record(profile: Profile, host):
+    """`deploy --dry-run --json`: what would land on `host`, as one JSON object.
+    File contents are given for the launcher only; secrets.json is named, never shown."""
+    import hashlib
+    files = []
+    for fname, data, mode in release_files(profile):
+        rec = {"name": fname, "mode": oct(mode), "bytes": len(data)}
+        if fname != "secrets.json":
+            rec["sha256"] = hashlib.sha256(data).hexdigest()
+        files.append(rec)
+    return {"host": host, "dry_run": True, "profile": str(profile.path),
+            "deploy_dir": deploy_dir(profile), "argv": server_argv(profile),
+            "launcher": render_launcher(profile), "secrets": sorted(profile.secrets),
+            "files": files}
+
+
+def _print_dry_run(c, profile, json_mode):
+    import sys
+    from .runner import hosts_for
+    if json_mode:
+        text = "".join(json.dumps(dry_run_record(profile, h), ensure_ascii=False) + "\n"
+                       for h in hosts_for(c, profile))
+    else:
+        text = "\n".join(dry_run_text(profile)) + "\n"
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `fab deploy --dry-run | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def deploy(c, opts):
+    """Body of `fab deploy` (opts: tasks.options.DeployOptions)."""
+    from .runner import hosts_for, load, run_task
+    from .wait import fab_hint
+    profile = load(c, opts.profile)
+    if opts.dry_run:
+        return _print_dry_run(c, profile, opts.json)
+    if profile.cluster is not None:  # one head; the workers come from the profile (tasks/cluster.py)
+        from .cluster import check_hosts
+        check_hosts(hosts_for(c, profile), profile)
+    launched = {}  # host -> server record of what keeps running if Ctrl-C ends the wait
+
+    def op(host, reporter):
+        if profile.cluster is not None:  # the head of a Ray cluster (tasks/cluster.py)
+            from .cluster import deploy_head
+            res = deploy_head(host, profile, opts, reporter, launched=launched)
+        else:
+            res = deploy_host(host, profile, opts, reporter, launched=launched)
+        if opts.json:
+            reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
+        return res
+
+    def still_running():
+        return [(h, f"interrupted: release {s['release']} (pid {s['pid']}) keeps running; stop "
+                    f"it with `{fab_hint(profile, 'stop')}`") for h, s in list(launched.items())]
+    run_task(c, profile, op, opts, title="deploy", json_mode=opts.json, on_interrupt=still_running)

@@ -62,3 +62,21 @@ class PreflightFailed(OperationFailed):
 
 class LockHeld(OperationFailed):
     """Another deploy/stop/rollback of the same deployment holds the lock."""
+
+
+class TaskFailed(LlmfabError):
+    """Some host failed; each was reported with its reason as it happened. Carries the worst
+    host's exit code (DESIGN: with several hosts, the worst code of them all)."""
+
+    def __init__(self, code):
+        super().__init__("")
+        self.code = ExitCode(code) if code in ExitCode._value2member_map_ else code
+
+
+class Interrupted(LlmfabError):
+    """Ctrl-C: what keeps running was already said; exit 130."""
+
+    code = ExitCode.INTERRUPTED
+
+    def __init__(self):
+        super().__init__("")

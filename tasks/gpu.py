@@ -7,7 +7,6 @@ SIGKILL what is left after `--grace` (default 10 s), then wait until each GPU dr
 by what its killed processes held (tasks/gpuwait.py). `--dry-run` lists and signals
 nothing. Nothing to kill is success (exit 0).
 """
-from invoke.exceptions import Exit
 
 from .runner import load, run_task
 from .errors import ExitCode, OperationFailed
@@ -17,25 +16,12 @@ from .gpuwait import gpu_lines, profile_devices, tolerance, wait_freed
 DEFAULT_GRACE_S = 10.0
 
 
-def parse_gpu_list(text):
-    """'0,1' -> [0, 1]; anything else raises Exit(2) before a host is touched."""
-    parts = [p.strip() for p in str(text).split(",")]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise Exit(f"error: --gpus expects comma-separated GPU indexes like 0,1 (got {text!r})",
-                   code=ExitCode.BAD_INPUT)
-    out = [int(p) for p in parts]
-    if len(set(out)) != len(out):
-        raise Exit(f"error: --gpus names a GPU twice ({text!r})", code=ExitCode.BAD_INPUT)
-    return out
-
-
 def selection(opts, profile):
-    if opts.get("all") and opts.get("gpus") is not None:
-        raise Exit("error: give --gpus or --all, not both", code=ExitCode.BAD_INPUT)
-    if opts.get("all"):
+    """The GPU indexes to free: --all (None: every GPU), --gpus, else the profile's."""
+    if opts.all:
         return None
-    if opts.get("gpus") is not None:
-        return parse_gpu_list(opts["gpus"])
+    if opts.gpus is not None:
+        return list(opts.gpus)
     return profile_devices(profile)
 
 
@@ -57,25 +43,19 @@ def process_rows(procs):
     return rows
 
 
-def _grace(opts):
-    from .commands import _float
-    value = _float(opts, "grace", 0.0)
-    return DEFAULT_GRACE_S if value is None else value
-
-
 def kill_gpu_procs(c, opts):
     """Body of `fab kill-gpu-procs` (see the module docstring)."""
-    profile = load(c, opts.get("profile"))
+    profile = load(c, opts.profile)
     devices = selection(opts, profile)
-    grace = _grace(opts)
-    json_mode = bool(opts.get("json"))
+    grace = opts.grace
+    json_mode = opts.json
     nvidia_smi = profile.gpu.nvidia_smi
 
     def op(host, reporter):
         name = host.name
         host.start()
         s = host.call("gpu_procs", nvidia_smi=nvidia_smi, devices=devices, timeout=60)
-        record = {"host": name, "dry_run": bool(opts.get("dry_run")), "devices": devices,
+        record = {"host": name, "dry_run": bool(opts.dry_run), "devices": devices,
                   "gpus_before": s["gpus"], "processes": s["procs"], "foreign": s["foreign"],
                   "killed": [], "gpus_after": None, "freed_mib": None}
         try:

@@ -17,11 +17,9 @@ Ctrl-C ends a follow with exit 0: stopping to watch is success, not an interrupt
 """
 import base64
 import os
-import re
 import sys
 import threading
 
-from invoke.exceptions import Exit
 from tenacity import (Retrying, retry_if_exception_type, stop_after_delay, stop_when_event_set,
                       wait_exponential)
 
@@ -33,29 +31,6 @@ from .agentclient import AgentError, ConnectionLost
 FOLLOW_WAIT_S = 1.0            # how long one read blocks on the host waiting for growth
 RECONNECT_BUDGET_S = 120       # give up following after this long without a connection
 RED, RESET = "\x1b[31m", "\x1b[0m"
-RELEASE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
-
-
-def parse_opts(opts):
-    """Validated (lines, regex or None, release or None); UsageError (exit 2) otherwise."""
-    try:
-        lines = int(opts.get("lines", 50))
-    except (TypeError, ValueError):
-        raise UsageError(f"--lines expects a whole number (got {opts.get('lines')!r})") from None
-    if lines < 0:
-        raise UsageError("--lines must be 0 or more")
-    grep = opts.get("grep")
-    rx = None
-    if grep:
-        try:
-            rx = re.compile(grep)
-        except re.error as e:
-            raise UsageError(f"--grep {grep!r} is not a valid regular expression: {e}") from None
-    release = opts.get("release")
-    if release is not None and (not RELEASE_NAME.match(str(release)) or release in (".", "..")):
-        raise UsageError(f"--release expects a release stamp such as 20250101T120000Z "
-                         f"(see `fab releases`), got {release!r}")
-    return lines, rx, release
 
 
 class Printer:
@@ -138,12 +113,12 @@ def follow(host, ddir, release, offset, stop, printer, asm):
 
 
 def tail_host(host, reporter, ddir, opts, stop, multi):
-    lines, rx, release = parse_opts(opts)
+    lines, rx, release = opts.lines, opts.regex, opts.release
     host.start()
     printer = Printer(reporter, host.name, multi, stop)
     try:
         r = host.call("log_tail", deploy_dir=ddir, release=release, lines=lines,
-                      grep=opts.get("grep") or None, timeout=120)
+                      grep=opts.grep, timeout=120)
     except AgentError as e:
         if e.kind == "no_release":
             raise _no_release(e, ddir) from None
@@ -157,7 +132,7 @@ def tail_host(host, reporter, ddir, opts, stop, multi):
         printer.note("(older lines cut: the selection exceeds 4 MiB)")
     asm = LineAssembler()
     printer.show(asm.feed(base64.b64decode(r["data"])))
-    if not opts.get("follow") or stop.is_set():
+    if not opts.follow or stop.is_set():
         partial = base64.b64decode(r["partial"])
         if partial:  # a line still being written: shown as it is so far
             printer.show(LineAssembler().feed(partial + b"\n"))
@@ -168,13 +143,10 @@ def tail_host(host, reporter, ddir, opts, stop, multi):
 
 
 def tail_log(c, opts):
+    """Body of `fab tail-log` (opts: tasks.options.TailLogOptions)."""
     from .runner import hosts_for, load, run_task
-    from .deploy import deploy_dir
-    profile = load(c, opts.get("profile"))
-    try:
-        parse_opts(opts)
-    except UsageError as e:
-        raise Exit(f"error: {e.message}", code=ExitCode.BAD_INPUT) from None
+    from .preflight import deploy_dir
+    profile = load(c, opts.profile)
     try:
         sys.stdout.reconfigure(errors="replace")  # a non-UTF-8 terminal must not crash us
     except (AttributeError, ValueError):
@@ -186,7 +158,7 @@ def tail_log(c, opts):
     def op(host, reporter):
         return tail_host(host, reporter, ddir, opts, stop, multi)
 
-    if not opts.get("follow"):
+    if not opts.follow:
         run_task(c, profile, op, opts, title="tail-log")
         return
     # Followers run in a worker thread so that Ctrl-C reaches this (main) thread

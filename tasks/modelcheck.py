@@ -6,10 +6,11 @@ the checks. Every value carries the profile key it came from, so a host-side mes
 can say which line of the profile to change.
 
 Only absolute paths are model directories here (the same rule as the path checks in
-tasks/deploy.model_paths); a Hugging Face id such as "Qwen/Qwen3.6-27B" is fetched by
+ServerArgs.model_paths); a Hugging Face id such as "Qwen/Qwen3.6-27B" is fetched by
 the engine itself and cannot be read beforehand.
 """
-from .profile.types import JsonTable, Profile
+from .profile.serverargs import ServerArgs
+from .profile.types import Profile
 
 # SGLang's --speculative-algorithm (checked case-insensitively by SGLang) -> vLLM's method names.
 SGLANG_ALGORITHMS = {"eagle": "eagle", "eagle3": "eagle3", "nextn": "mtp", "dflash": "dflash",
@@ -18,27 +19,9 @@ TP_FLAGS = {"vllm": ("tensor-parallel-size", "tp"), "sglang": ("tp-size", "tp", 
 CONTEXT_FLAGS = {"vllm": ("max-model-len",), "sglang": ("context-length",)}
 
 
-def flag_key(name):
-    """Dashes and underscores name the same flag for argparse: compare names this way."""
-    return name.replace("_", "-")
-
-
 def _args(profile: Profile):
-    """{normalised flag: (key as written, value)}; dotted parts (`speculative-config.model`) are
-    folded into a dict under their flag, as vLLM does."""
-    out = {}
-    for name, value in profile.server.args:
-        norm = flag_key(name)
-        if isinstance(value, JsonTable):
-            value = value.value()
-        if "." in norm:
-            whole, sub = norm.split(".", 1)
-            key, table = out.setdefault(whole, (name.split(".", 1)[0], {}))
-            if isinstance(table, dict):
-                table[sub.replace("-", "_")] = value
-            continue
-        out[norm] = (name, value)
-    return out
+    """{normalised flag: (key as written, value)}, dotted parts folded (profile/serverargs.py)."""
+    return ServerArgs(profile.server.args).flags()
 
 
 def _int(value):

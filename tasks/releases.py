@@ -24,9 +24,7 @@ import os
 import signal
 import tempfile
 
-from invoke.exceptions import Exit
-
-from .errors import ExitCode, OperationFailed
+from .errors import OperationFailed
 from .fanout import HostResult
 
 
@@ -135,19 +133,13 @@ def saved_profile(text, fallback):
 
 
 def releases(c, opts):
+    """Body of `fab releases` (opts: tasks.options.ReleasesOptions)."""
     from .runner import load, run_task
-    from .deploy import deploy_dir, take_lock
-    profile = load(c, opts.get("profile"))
-    keep = opts.get("keep")
-    if keep is not None:
-        try:
-            keep = int(keep)
-        except (TypeError, ValueError):
-            keep = 0
-        if keep < 1:
-            raise Exit(f"error: --keep expects a whole number >= 1 (got {opts.get('keep')!r})",
-                       code=ExitCode.BAD_INPUT)
-    json_mode = opts.get("json")
+    from .lock import take_lock
+    from .preflight import deploy_dir
+    profile = load(c, opts.profile)
+    keep = opts.keep
+    json_mode = opts.json
     ddir = deploy_dir(profile)
 
     def op(host, reporter):
@@ -171,11 +163,13 @@ def releases(c, opts):
 
 
 def rollback_host(host, profile, opts, reporter):
-    from .deploy import deploy_dir, stop_running, take_lock
+    from .deploy import stop_running
+    from .lock import take_lock
+    from .preflight import deploy_dir
     from .gpuwait import profile_devices
-    from .wait import NotReadyInTime, call_resilient, wait_ready
+    from .wait import wait_or_clean_up
     name, ddir = host.name, deploy_dir(profile)
-    host.start()
+    hello = host.start()
     take_lock(host, ddir, "rollback")
     listing = host.call("release_list", deploy_dir=ddir)
     current = listing["current"]
@@ -206,30 +200,20 @@ def rollback_host(host, profile, opts, reporter):
                         f"log {listing['deploy_dir']}/releases/{prev}/server.log")
     result = HostResult(name, 0, f"relaunched {prev} (pid {server['pid']})",
                         {"release": prev, "pid": server["pid"]})
-    if opts.get("no_wait"):
+    if opts.no_wait:
         return result
     if server.get("port") is not None and server["port"] != old.server.port:
         old = dataclasses.replace(old, server=dataclasses.replace(old.server, port=server["port"]))
-    try:
-        facts = wait_ready(host, old, ddir, server, reporter, timeout=opts.get("timeout"),
-                           log_offset=launched.get("log_offset", 0),
-                           on_reconnect=lambda: take_lock(host, ddir, "rollback"))
-    except NotReadyInTime:
-        raise
-    except OperationFailed:
-        try:  # like deploy: a failed server is of no use; free its GPUs, keep its log
-            call_resilient(host, "stop", deploy_dir=ddir, grace=10, timeout=60, budget=10)
-        except Exception:
-            pass
-        raise
+    facts = wait_or_clean_up(host, old, ddir, server, reporter, task="rollback",
+                             timeout=opts.timeout, log_offset=launched.get("log_offset", 0),
+                             stale_agent=hello.get("pid"))
     reporter.line(name, f"ready in {facts['seconds']:.1f} s: release {prev} on port {old.server.port}")
     result.summary = f"rolled back to {prev}, ready in {facts['seconds']:.1f} s"
     return result
 
 
 def rollback(c, opts):
+    """Body of `fab rollback` (opts: tasks.options.RollbackOptions)."""
     from .runner import load, run_task
-    from .commands import _float
-    profile = load(c, opts.get("profile"))
-    opts["timeout"] = _float(opts, "timeout", 0.0)
+    profile = load(c, opts.profile)
     run_task(c, profile, lambda h, r: rollback_host(h, profile, opts, r), opts, title="rollback")

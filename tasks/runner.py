@@ -1,30 +1,26 @@
-"""The one place where a task's errors become a message and an exit code.
+"""Run a task's per-host operation on every host: the profile, the hosts, the summary.
 
-Loads and validates the profile first (exit 2 with nothing done anywhere), picks
-the hosts (`fab -H`, else the profile's `target.hosts`, else this machine), runs the
-per-host operation on all of them in parallel, prints the summary, and exits with
-the worst host's code.
+Loads and validates the profile first (ProfileError, exit 2, with nothing done
+anywhere), picks the hosts (`fab -H`, else the profile's `target.hosts`, else this
+machine), runs the per-host operation on all of them in parallel, prints the summary,
+and raises TaskFailed with the worst host's code. Errors become messages and exit
+codes in one place only: the boundary in tasks/cli.py.
 """
 import os
 import sys
 
-from invoke.exceptions import Exit
-
-from .errors import ExitCode, LlmfabError
+from .errors import ExitCode, Interrupted, TaskFailed
 
 INTERRUPT_NOTE = ("interrupted: nothing on the host(s) was stopped; servers already launched keep "
                   "running (see `fab status`, stop them with `fab stop`)")
 
 
 def load(c, profile_arg):
-    """The validated profile, or Exit(2) naming the file and key."""
+    """The validated profile; ProfileError (exit 2) naming the file and key."""
     from .profile import load_profile, resolve_profile_path
-    try:
-        cfg = c.config.get("llmfab") or {}
-        path = resolve_profile_path(profile_arg, cfg.get("profile") if hasattr(cfg, "get") else None)
-        return load_profile(path)
-    except LlmfabError as e:
-        raise Exit(f"error: {e.message}", code=int(e.code)) from None
+    cfg = c.config.get("llmfab") or {}
+    path = resolve_profile_path(profile_arg, cfg.get("profile") if hasattr(cfg, "get") else None)
+    return load_profile(path)
 
 
 def hosts_for(c, profile):
@@ -44,7 +40,7 @@ def host_kwargs(c, profile, opts, python=None):
         pass
     return dict(config=c.config, python=python or profile.server.interpreter,
                 connect_timeout=timeout,
-                accept_new_host_keys=bool(opts.get("accept_new_host_keys")))
+                accept_new_host_keys=opts.accept_new_host_keys)
 
 
 def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python=None,
@@ -59,7 +55,7 @@ def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python
     hosts = hosts or hosts_for(c, profile)
     reporter = Reporter(hosts, json_mode=json_mode)
     try:
-        results = run_all(hosts, lambda h: op(h, reporter), parallel=int(opts.get("parallel") or 32),
+        results = run_all(hosts, lambda h: op(h, reporter), parallel=opts.parallel,
                           reporter=reporter, host_kwargs=host_kwargs(c, profile, opts, python))
     except KeyboardInterrupt:
         for host, text in (on_interrupt() if on_interrupt else ()):
@@ -69,9 +65,9 @@ def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(ExitCode.INTERRUPTED)  # worker threads cannot be interrupted; sockets close with us
-        raise Exit(code=ExitCode.INTERRUPTED) from None
+        raise Interrupted() from None
     summarize(reporter, results, title)
     code = worst(r.code for r in results)
     if code:
-        raise Exit(code=int(code))
+        raise TaskFailed(int(code))
     return results

@@ -52,3 +52,32 @@ def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=
     for line in gpu_lines(res.get("gpus_before"), after, base["gpus"]):
         reporter.line(name, "  " + line)
     return res
+
+
+def stop(c, opts):
+    """Body of `fab stop` (opts: tasks.options.StopOptions): TERM, wait --grace, KILL, sweep,
+    GPU memory back; then Ray on every node for a [cluster] profile."""
+    from .fanout import HostResult
+    from .lock import take_lock
+    from .preflight import deploy_dir
+    from .runner import load, run_task
+    profile = load(c, opts.profile)
+    ddir = deploy_dir(profile)
+
+    def op(host, reporter):
+        host.start()
+        take_lock(host, ddir, "stop")
+        res = stop_deployment(host, ddir, reporter, grace=opts.grace)
+        if profile.cluster is not None:  # then Ray on every node (tasks/cluster.py)
+            from .cluster import stop_cluster
+            stop_cluster(host, profile, reporter, ddir=ddir, grace=opts.grace)
+        if res["already_stopped"]:
+            release = (res["server"] or {}).get("release")
+            reporter.line(host.name, f"not running (release {release}): nothing to stop" if release
+                          else f"not deployed here ({ddir}): nothing to stop")
+            return HostResult(host.name, 0, "already stopped")
+        summary = f"stopped in {res['seconds']:.1f} s"
+        if res["memory_s"] is not None:
+            summary += f", GPU memory back after {res['memory_s']:.1f} s"
+        return HostResult(host.name, 0, summary, {"stop": res})
+    run_task(c, profile, op, opts, title="stop")

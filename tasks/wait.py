@@ -117,3 +117,48 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
 def fab_hint(profile, task):
     """The exact `fab TASK` for this profile (a bare `fab stop` would use the default one)."""
     return f"fab {task} --profile {shlex.quote(str(profile.path))}"
+
+
+def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=None,
+                     stop_on_timeout=False, log_offset=0, stale_agent=None):
+    """The step after a launch, for deploy and rollback alike: wait until ready, else free.
+
+    A dropped connection is re-opened and the lock re-taken; if the host has not noticed
+    the old connection died (half-open), the task's own old agent (`stale_agent`, its pid)
+    still holds the lock and is ended. A server that failed is stopped (its log stays in
+    the release) after its verdict is printed; one not ready in time is left running
+    unless `stop_on_timeout`. A raised error has `stopped` True when the server was stopped.
+    """
+    from .fanout import report_error
+    from .lock import take_lock
+    name = host.name
+    agent = {"pid": stale_agent}
+
+    def relock():
+        reporter.line(name, "connection re-opened; still waiting")
+        took = take_lock(host, ddir, task, stale_agent=agent["pid"])
+        if took.get("ended_stale_agent"):
+            reporter.line(name, f"ended agent pid {took['ended_stale_agent']} of the lost connection "
+                                "(it still held the lock)")
+        agent["pid"] = host.hello.get("pid")
+
+    try:
+        return wait_ready(host, profile, ddir, server, reporter, timeout=timeout,
+                          log_offset=log_offset, on_reconnect=relock)
+    except NotReadyInTime as e:
+        if not stop_on_timeout:
+            raise
+        reporter.line(name, "--stop-on-timeout: stopping the server")
+        call_resilient(host, "stop", deploy_dir=ddir, grace=30, timeout=90)
+        err = NotReadyInTime(f"{e.what}; stopped it (--stop-on-timeout); its log stays in "
+                             f"release {server['release']}", details=e.details)
+        err.stopped = True
+        raise err from None
+    except OperationFailed as e:
+        report_error(reporter, name, e)  # the verdict first; the clean-up below may take seconds
+        try:
+            call_resilient(host, "stop", deploy_dir=ddir, grace=10, timeout=60, budget=10)
+        except Exception:
+            pass
+        e.stopped = True
+        raise

@@ -42,8 +42,34 @@ def profile(lab, name, extends, *extra):
     return path
 
 
-def checks(stdout):
-    return [m.groups() for m in map(LINE.match, stdout.splitlines()) if m]
+def checks(stdout, *, exposure=False):
+    """(status, check, message) per preflight line. The shipped base profile listens on
+    0.0.0.0 without a key, so every check here warns about that; it is left out unless
+    `exposure` (test_an_open_port_without_a_key_warns_with_both_fixes asserts it)."""
+    got = [m.groups() for m in map(LINE.match, stdout.splitlines()) if m]
+    return got if exposure else [c for c in got if c[1] != "exposure"]
+
+
+def test_an_open_port_without_a_key_warns_with_both_fixes(lab):
+    base = profile(lab, "open-port", "qwen3.6-27b.toml")
+    r = lab.fab("check", "--json", profile=base)
+    assert r.returncode == 0, r.stdout + r.stderr
+    warn = [c for c in checks(r.stderr, exposure=True) if c[1] == "exposure"]
+    assert warn == [("WARN", "exposure",
+                     "the server listens on 0.0.0.0:30917 with no API key: anyone who can reach port "
+                     "30917 can use it. Either set a key from your environment ([server.env] "
+                     'VLLM_API_KEY = { from_env = "VLLM_API_KEY" }), or bind [server] host = '
+                     '"127.0.0.1" and reach it through an SSH tunnel (ssh -L 30917:127.0.0.1:30917 HOST)')]
+    record = json.loads(r.stdout)
+    assert record["host"] == "h1" and record["ok"] is True
+    assert {"status": "WARN", "check": "exposure", "message": warn[0][2]} in record["checks"]
+    keyed = profile(lab, "open-port-keyed", "qwen3.6-27b.toml", "[server.env]",
+                    'VLLM_API_KEY = { from_env = "LAB_KEY" }')
+    r = lab.fab("check", profile=keyed, env={"LAB_KEY": "k"})
+    assert r.returncode == 0 and "exposure" not in r.stdout, r.stdout + r.stderr
+    local = profile(lab, "open-port-local", "qwen3.6-27b.toml", 'host = "127.0.0.1"')
+    r = lab.fab("check", profile=local)
+    assert r.returncode == 0 and "exposure" not in r.stdout, r.stdout + r.stderr
 
 
 def test_seed_drafter_and_target_pass_with_only_the_v2_warning(lab):
@@ -61,7 +87,8 @@ def test_seed_drafter_and_target_pass_with_only_the_v2_warning(lab):
     names = [c[1] for c in got]
     for check in ("python", "engine", "path", "config", "spec", "dflash", "context", "tp", "port", "gpu"):
         assert check in names, r.stdout
-    assert f"[h1] preflight: {len(got)} checks: {len(got) - 1} OK, 1 WARN, 0 FAIL" in r.stdout
+    # + the exposure warning (0.0.0.0 without a key), left out of `got`
+    assert f"[h1] preflight: {len(got) + 1} checks: {len(got) - 1} OK, 2 WARN, 0 FAIL" in r.stdout
 
 
 def test_shipped_dflash_profile_is_all_ok(lab):

@@ -186,6 +186,38 @@ def test_deploy_survives_a_hung_connection_and_ends_the_agent_it_left_holding_th
         fab(lab, "stop", "--grace", "5", profile=prof)
 
 
+def test_rollback_survives_a_hung_connection_and_ends_the_agent_it_left_holding_the_lock(lab):
+    # Rollback waits with the same step as deploy (tasks/wait.py wait_or_clean_up): after a
+    # half-open connection its own old agent, still holding the lock, is ended too.
+    host, name = "h3", "fault-hung-rollback"
+    old = vllm_profile(lab, name, host, 31011, {"STANDIN_LOAD_SECONDS": "3"})
+    fab(lab, "deploy", profile=old)
+    first = server_record(lab, host, name)["release"]
+    new = vllm_profile(lab, name, host, 31011, {"STANDIN_TAG": "new"})
+    fab(lab, "deploy", profile=new)
+    lock = deployment(lab, host, name) / ".lock"
+    run = Background(lab, "rollback", profile=new)
+    frozen = []
+    try:
+        run.wait_line(f"relaunched release {first}")
+        agent = json.loads(lock.read_text())["pid"]
+        frozen = lab.session_sshd_pids(host)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        assert run.finish(150) == 0, run.text
+        assert "connection re-opened; still waiting" in run.text
+        assert f"ended agent pid {agent} of the lost connection (it still held the lock)" in run.text
+        assert not host_pid_alive(lab, host, agent)
+        server = server_record(lab, host, name)
+        assert server["release"] == first and host_pid_alive(lab, host, server["pid"])
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        run.close()
+        fab(lab, "stop", "--grace", "5", profile=new)
+
+
 # -- a host that accepts TCP and never speaks SSH -------------------------------------------
 
 def test_a_host_that_never_answers_ssh_exits_3_within_the_connect_timeout(lab):

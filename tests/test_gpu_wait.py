@@ -8,7 +8,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from invoke.exceptions import Exit
+from tasks.errors import UsageError
+from tasks.options import KillGpuProcsOptions
 
 from tasks import gpu as gpucmd, gpuwait
 from tasks.errors import OperationFailed
@@ -19,13 +20,13 @@ FIX = Path(__file__).resolve().parent / "fixtures" / "nvidia-smi"
 
 @pytest.mark.parametrize("text,expected", [("0", [0]), ("0,1", [0, 1]), (" 3 , 7 ", [3, 7])])
 def test_gpu_list(text, expected):
-    assert gpucmd.parse_gpu_list(text) == expected
+    assert list(KillGpuProcsOptions.from_flags(gpus=text).gpus) == expected
 
 
 @pytest.mark.parametrize("text", ["", "0,", "x", "-1", "0,0", "1.5", "0;1"])
 def test_bad_gpu_list_is_exit_2(text):
-    with pytest.raises(Exit) as e:
-        gpucmd.parse_gpu_list(text)
+    with pytest.raises(UsageError) as e:
+        KillGpuProcsOptions.from_flags(gpus=text)
     assert e.value.code == 2 and "--gpus" in e.value.message
 
 
@@ -45,11 +46,12 @@ def test_profile_devices(devices, env, expected):
 
 def test_selection_flags():
     prof = fake_profile((1,))
-    assert gpucmd.selection({}, prof) == [1]
-    assert gpucmd.selection({"all": True}, prof) is None
-    assert gpucmd.selection({"gpus": "0,2"}, prof) == [0, 2]
-    with pytest.raises(Exit):
-        gpucmd.selection({"gpus": "0", "all": True}, prof)
+    opts = KillGpuProcsOptions.from_flags
+    assert gpucmd.selection(opts(), prof) == [1]
+    assert gpucmd.selection(opts(all=True), prof) is None
+    assert gpucmd.selection(opts(gpus="0,2"), prof) == [0, 2]
+    with pytest.raises(UsageError):
+        opts(gpus="0", all=True)
 
 
 def test_tolerance_and_limits():

@@ -22,7 +22,7 @@ from lab import REPO, wait_for
 from tasks.releases import describe_end, previous_release, rows, stamp_time, table_lines
 from tasks.hostside import logs as hlogs
 from tasks.hostside import releases as hreleases
-from tasks.logs import parse_opts
+from tasks.options import TailLogOptions
 from tasks.logtext import LineAssembler, is_fatal, utf8_boundary
 from tasks.errors import UsageError
 
@@ -103,12 +103,13 @@ def test_fatal_lines_are_red_on_a_terminal_only_and_hosts_prefix_with_several(st
         assert out == ["INFO fine", "\x1b[31mRuntimeError: Engine core initialization failed. See root cause\x1b[0m"]
 
 
-def test_parse_opts_validates_locally():
-    assert parse_opts({"lines": "7", "grep": "a|b", "release": None})[0] == 7
+def test_tail_log_options_validate_locally():
+    opts = TailLogOptions.from_flags(lines="7", grep="a|b", release=None)
+    assert opts.lines == 7 and opts.regex.pattern == "a|b"
     for bad in ({"grep": "("}, {"lines": "-1"}, {"lines": "x"}, {"release": "../x"},
                 {"release": "a/b"}, {"release": ".."}):
         with pytest.raises(UsageError):
-            parse_opts(dict({"lines": 5}, **bad))
+            TailLogOptions.from_flags(**dict({"lines": 5}, **bad))
 
 
 # -- host side: backwards tail, offsets, reads ------------------------------------------

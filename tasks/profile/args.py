@@ -65,6 +65,8 @@ def _arg_value(ck, norm, v, path):
             (norm.endswith("-config") or norm.endswith("-kwargs")) and v.lstrip().startswith("{"))
         return _json_string(ck, v, path) if wants_json else v
     if isinstance(v, dict):
+        if "from_env" in v:
+            ck.fail(path, _secret_in_args(norm, v.get("from_env")))
         _json_safe(ck, v, path, 0)
         return JsonTable(json.dumps(v, separators=(",", ":"), ensure_ascii=False))
     if isinstance(v, list):
@@ -78,6 +80,21 @@ def _arg_value(ck, norm, v, path):
                 _finite(ck, item, path + (i,))
         return tuple(v)
     ck.fail(path, "a string, number, boolean, table or array", v)
+
+
+# Where a secret flag's value goes instead of argv, per engine flag (DESIGN: never argv).
+SECRET_FLAG_ENV = {"api-key": "VLLM_API_KEY"}
+
+
+def _secret_in_args(norm, name):
+    """The message for `{ from_env = ... }` under [server.args]: the server would receive the
+    literal JSON text as the flag's value, and a secret never goes on argv anyway."""
+    var = SECRET_FLAG_ENV.get(norm)
+    where = (f'[server.env] {var} = {{ from_env = "{name}" }} (vLLM reads --{norm} from {var})'
+             if var else f'[server.env] as an environment variable the server reads '
+                         f'(e.g. {norm.upper().replace("-", "_")} = {{ from_env = "{name}" }})')
+    return ("a plain value: a { from_env = ... } secret never goes on the command line (it "
+            f"would show in `ps` and the server would get the JSON text); put it in {where}")
 
 
 def _finite(ck, v, path):

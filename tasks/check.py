@@ -1,0 +1,36 @@
+"""`fab check`: validate the profile and run the whole preflight on each host; launch nothing.
+
+    fab check [--json]
+
+The same checks as deploy's preflight (tasks/preflight.py), one line each; exit 1 when
+any FAILs. `--json`: one object per host, `{host, ok, checks: [{status, check, message}]}`.
+"""
+from .fanout import HostResult
+from .preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
+
+
+def check(c, opts):
+    """Body of `fab check` (opts: tasks.options.CheckOptions)."""
+    from .errors import PreflightFailed
+    from .runner import load, run_task
+    profile = load(c, opts.profile)
+
+    def op(host, reporter):
+        hello = host.start()
+        reporter.line(host.name, f"connected: {hello['user']}@{hello['hostname']}")
+        state = host.call("state", deploy_dir=deploy_dir(profile))
+        record = {"host": host.name, "ok": True, "checks": []}
+        try:
+            checks = run_preflight(host, reporter, preflight_request(profile, state),
+                                   exposure_checks(profile))
+        except PreflightFailed as e:
+            record.update(ok=False, checks=e.checks)
+            if opts.json:
+                reporter.emit_json(record)
+            raise
+        record["checks"] = checks
+        if opts.json:
+            reporter.emit_json(record)
+        warns = sum(c["status"] == "WARN" for c in checks)
+        return HostResult(host.name, 0, f"{len(checks)} checks OK" + (f", {warns} warning(s)" if warns else ""))
+    run_task(c, profile, op, opts, title="check", json_mode=opts.json)

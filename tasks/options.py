@@ -1,0 +1,226 @@
+"""Each task's command-line options, parsed once into a frozen record.
+
+    opts = DeployOptions.from_flags(profile=None, timeout="90", ...)   # UsageError on bad input
+
+Invoke hands flags over as text or as the defaults in tasks/cli.py; every conversion and
+check happens here, so a bad value is one UsageError (exit 2) before any host is touched,
+and task bodies read typed fields instead of a dict they could write into.
+"""
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from .errors import UsageError
+
+RELEASE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+
+
+def _flag(key):
+    return "--" + key.replace("_", "-")
+
+
+def seconds(key, value, minimum=0.0):
+    """A number of seconds >= minimum, or None when not given."""
+    if value is None:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{_flag(key)} expects a number of seconds (got {value!r})") from None
+    if not out >= minimum:  # also refuses nan
+        raise UsageError(f"{_flag(key)} must be >= {minimum:g}")
+    return out
+
+
+def whole(key, value, minimum, default=None):
+    """A whole number >= minimum (\"5\" and 5.0 are fine, 5.5 is not), or `default`."""
+    if value is None:
+        return default
+    try:
+        n = int(value)
+        if n != float(value):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        n = None
+    if n is None or n < minimum:
+        what = "a positive integer" if minimum == 1 else f"a whole number >= {minimum}"
+        raise UsageError(f"{_flag(key)} expects {what} (got {value!r})")
+    return n
+
+
+def gpu_list(text):
+    """'0,1' -> (0, 1)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise UsageError(f"--gpus expects comma-separated GPU indexes like 0,1 (got {text!r})")
+    out = tuple(int(p) for p in parts)
+    if len(set(out)) != len(out):
+        raise UsageError(f"--gpus names a GPU twice ({text!r})")
+    return out
+
+
+@dataclass(frozen=True)
+class Common:
+    """Options every task takes."""
+    profile: Optional[str] = None
+    parallel: int = 32
+    accept_new_host_keys: bool = False
+
+    @classmethod
+    def from_flags(cls, **flags):
+        """The validated options of one task from Invoke's keyword arguments."""
+        flags = dict(flags)
+        flags.pop("c", None)
+        flags["parallel"] = whole("parallel", flags.get("parallel"), 1, 32)
+        flags["accept_new_host_keys"] = bool(flags.get("accept_new_host_keys"))
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(flags) - names
+        if unknown:  # a task passing a flag its record lacks: a bug here, not the user's
+            raise TypeError(f"{cls.__name__} has no option(s) {sorted(unknown)}")
+        return cls(**cls.convert(flags))
+
+    @staticmethod
+    def convert(flags):
+        return flags
+
+
+@dataclass(frozen=True)
+class DeployOptions(Common):
+    dry_run: bool = False
+    no_wait: bool = False
+    timeout: Optional[float] = None
+    stop_on_timeout: bool = False
+    json: bool = False
+
+    @staticmethod
+    def convert(flags):
+        flags["timeout"] = seconds("timeout", flags.get("timeout"))
+        return flags
+
+
+@dataclass(frozen=True)
+class CheckOptions(Common):
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class StatusOptions(Common):
+    json: bool = False
+
+
+@dataclass(frozen=True)
+class StopOptions(Common):
+    grace: float = 30.0
+
+    @staticmethod
+    def convert(flags):
+        grace = seconds("grace", flags.get("grace"))
+        flags["grace"] = 30.0 if grace is None else grace
+        return flags
+
+
+@dataclass(frozen=True)
+class TailLogOptions(Common):
+    lines: int = 50
+    follow: bool = False
+    grep: Optional[str] = None
+    release: Optional[str] = None
+
+    @staticmethod
+    def convert(flags):
+        try:
+            lines = int(flags.get("lines", 50))
+        except (TypeError, ValueError):
+            raise UsageError(f"--lines expects a whole number (got {flags.get('lines')!r})") from None
+        if lines < 0:
+            raise UsageError("--lines must be 0 or more")
+        flags["lines"] = lines
+        grep = flags.get("grep") or None
+        if grep:
+            try:
+                re.compile(grep)
+            except re.error as e:
+                raise UsageError(f"--grep {grep!r} is not a valid regular expression: {e}") from None
+        flags["grep"] = grep
+        release = flags.get("release")
+        if release is not None and (not RELEASE_NAME.match(str(release)) or release in (".", "..")):
+            raise UsageError(f"--release expects a release stamp such as 20250101T120000Z "
+                             f"(see `fab releases`), got {release!r}")
+        return flags
+
+    @property
+    def regex(self):
+        return re.compile(self.grep) if self.grep else None
+
+
+@dataclass(frozen=True)
+class ReleasesOptions(Common):
+    json: bool = False
+    keep: Optional[int] = None
+
+    @staticmethod
+    def convert(flags):
+        keep = flags.get("keep")
+        if keep is not None:
+            try:
+                keep = whole("keep", keep, 1)
+            except UsageError:
+                raise UsageError(f"--keep expects a whole number >= 1 (got {keep!r})") from None
+        flags["keep"] = keep
+        return flags
+
+
+@dataclass(frozen=True)
+class RollbackOptions(Common):
+    timeout: Optional[float] = None
+    no_wait: bool = False
+
+    @staticmethod
+    def convert(flags):
+        flags["timeout"] = seconds("timeout", flags.get("timeout"))
+        return flags
+
+
+@dataclass(frozen=True)
+class KillGpuProcsOptions(Common):
+    gpus: Optional[Tuple[int, ...]] = None
+    all: bool = False
+    grace: float = 10.0
+    dry_run: bool = False
+    json: bool = False
+
+    @staticmethod
+    def convert(flags):
+        if flags.get("all") and flags.get("gpus") is not None:
+            raise UsageError("give --gpus or --all, not both")
+        if flags.get("gpus") is not None:
+            flags["gpus"] = gpu_list(flags["gpus"])
+        grace = seconds("grace", flags.get("grace"))
+        flags["grace"] = 10.0 if grace is None else grace
+        return flags
+
+
+BENCH_DEFAULTS = {"requests": 32, "concurrency": 4, "max_tokens": 128}
+
+
+@dataclass(frozen=True)
+class BenchOptions(Common):
+    requests: int = BENCH_DEFAULTS["requests"]
+    concurrency: int = BENCH_DEFAULTS["concurrency"]
+    max_tokens: int = BENCH_DEFAULTS["max_tokens"]
+    prompts: Optional[str] = None
+    json: bool = False
+    compare: Optional[Tuple[str, str]] = None
+
+    @staticmethod
+    def convert(flags):
+        for key, default in BENCH_DEFAULTS.items():
+            flags[key] = whole(key, flags.get(key), 1, default)
+        spec = flags.get("compare")
+        if spec is not None:
+            paths = tuple(p.strip() for p in str(spec).split(",") if p.strip())
+            if len(paths) != 2:
+                raise UsageError(f"--compare expects two files: --compare A.json,B.json (got {spec!r})")
+            flags["compare"] = paths
+        return flags

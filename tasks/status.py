@@ -1,0 +1,149 @@
+"""`fab status`: gather one record per host, then render it.
+
+    fab status [--json]
+
+`gather(host, profile)` asks the host (state, GPUs, one poll, /metrics) and returns a
+`Status`: the JSON record DESIGN.md fixes (`host, running, pid, release, port, health,
+served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal` and
+`cluster`), and the lines only a human reads. `render(status)` turns it into text and
+`verdict(status)` into the host's result: no host is needed to test either.
+Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
+"""
+import base64
+import datetime
+from dataclasses import dataclass, field
+
+from .errors import ExitCode
+from .fanout import HostResult
+
+
+@dataclass
+class Status:
+    record: dict
+    metric_lines: list = field(default_factory=list)   # speculative acceptance, tokens/s, load
+    cluster_lines: list = field(default_factory=list)
+    cluster_ok: bool = True
+    why: str = None                                    # why a dead server ended (its fatal line)
+
+    @property
+    def healthy(self):
+        r = self.record
+        return bool(r["running"]) and r["health"] == 200 and self.cluster_ok
+
+
+def uptime(server, state):
+    """Seconds since server.json's started_at, by the host's clock (None if unknown)."""
+    try:
+        started = datetime.datetime.fromisoformat(server["started_at"]).timestamp()
+        return max(0, round(state["now"] - started))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def duration(seconds):
+    if seconds is None:
+        return "?"
+    d, rest = divmod(int(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return (f"{d}d{h:02d}h" if d else f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s")
+
+
+def fatal_line(host, ddir, release):
+    """(line, reason) of the first fatal line in the last 400 lines of the release's log, or None."""
+    from .agentclient import AgentError
+    from .logscan import LogScanner
+    try:
+        tail = host.call("log_tail", deploy_dir=ddir, release=release, lines=400)
+    except AgentError:
+        return None
+    return LogScanner().feed(base64.b64decode(tail["data"]).decode("utf-8", "replace"))
+
+
+def gather(host, profile, ddir):
+    """Everything `fab status` reports about one host, as a Status."""
+    from .gpuwait import profile_devices
+    host.start()
+    st = host.call("state", deploy_dir=ddir)
+    server = st.get("server") or {}
+    alive = bool(st["alive"])
+    record = {"host": host.name, "running": alive, "pid": server.get("pid"),
+              "release": server.get("release"), "port": server.get("port"),
+              "health": None, "served_name": None, "gpus": None, "spec": None,
+              "generation_tokens_per_s": None,
+              "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
+              "deployed": bool(server)}
+    out = Status(record)
+    gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile_devices(profile))
+    record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
+                      for g in (gpus["gpus"] or [])] or None
+    if alive:
+        poll = host.call("poll", deploy_dir=ddir, release=server["release"], pid=server["pid"],
+                         port=server["port"], host=profile.server.host,
+                         health_path=profile.ready.health_path,
+                         models_path=profile.ready.models_path, log_offset=1 << 62)
+        record["health"] = poll["health"]
+        models = poll.get("models") or []
+        record["served_name"] = models[0] if len(models) == 1 else (models or None)
+    if alive and record["health"] == 200:
+        from .metrics import status_metrics
+        m = status_metrics(host, profile, server)
+        record["spec"], record["generation_tokens_per_s"] = m["spec"], m["generation_tokens_per_s"]
+        out.metric_lines = m["lines"]
+    if profile.cluster is not None:  # the Ray cluster under the server (tasks/cluster.py)
+        from .cluster import cluster_status
+        record["cluster"], out.cluster_lines, out.cluster_ok = cluster_status(host, profile, ddir)
+    if server and not alive:
+        record["exit"] = st.get("exit") or None
+        fatal = fatal_line(host, ddir, server["release"])
+        if fatal:  # why it died: an engine crash can exit 0, so the log says more than the code
+            record["fatal"] = fatal[0]
+            out.why = f"{fatal[1]}: {fatal[0].strip()}"
+    return out
+
+
+def render(status):
+    """The human lines of one host's status."""
+    r = status.record
+    if r["running"]:
+        lines = [f"running: release {r['release']}, pid {r['pid']}, up {duration(r['uptime_s'])}, "
+                 f"port {r['port']}, health {r['health']}, model {r['served_name']}"]
+    elif r["deployed"]:
+        ex = r["exit"] or {}
+        how = f"exited with status {ex['returncode']} at {ex['ended_at']}" if ex else "not running"
+        lines = [f"not running: release {r['release']} {how}"]
+        if status.why:
+            lines.append(f"  why: {status.why}")
+    else:
+        lines = ["not deployed"]
+    lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
+    lines += ["  " + t for t in status.metric_lines]
+    return lines + list(status.cluster_lines)
+
+
+def json_record(status):
+    return {k: v for k, v in status.record.items() if k != "deployed"}
+
+
+def verdict(status):
+    healthy = status.healthy
+    return HostResult(status.record["host"], 0 if healthy else ExitCode.FAILED,
+                      "healthy" if healthy else ("unhealthy" if status.record["running"] else "not running"))
+
+
+def status(c, opts):
+    """Body of `fab status` (opts: tasks.options.StatusOptions)."""
+    from .preflight import deploy_dir
+    from .runner import load, run_task
+    profile = load(c, opts.profile)
+    ddir = deploy_dir(profile)
+
+    def op(host, reporter):
+        st = gather(host, profile, ddir)
+        lines = render(st)
+        reporter.lines(host.name, lines[:1 + bool(st.why)])
+        if opts.json:
+            reporter.emit_json(json_record(st))
+        reporter.lines(host.name, lines[1 + bool(st.why):])
+        return verdict(st)
+    run_task(c, profile, op, opts, title="status", json_mode=opts.json)
