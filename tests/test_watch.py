@@ -117,3 +117,15 @@ def test_gpu_readings_are_rate_limited_across_requests(release, sleeper, tmp_pat
     first, second = watch.op_watch(r), watch.op_watch(r)
     assert first["gpus"][0]["used_mib"] == 4 and second["gpus"] == first["gpus"]
     assert runs.read_text() == "run\n"
+
+
+def test_hints_match_line_by_line_and_none_means_any_line(release, sleeper):
+    ddir, rdir = release
+    (rdir / "server.log").write_text("Loading\napi_server.py: error: argument --port: invalid\n")
+    anchored = [[r"^(?:[\w.-]+(?: [\w.-]+)?): error: ", 0]]
+    assert watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=anchored))["why"] == "hint"
+    assert watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=None))["why"] == "hint"
+    quiet = watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=[], wait_s=0.2))
+    assert quiet["why"] == "timeout" and quiet["log"]["text"].count("\n") == 2
+    bad = [[r"(?P<x", 0]]  # what a host's older Python could not compile: any line answers
+    assert watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=bad))["why"] == "hint"

@@ -55,11 +55,28 @@ def accepts(addr, timeout=0.5):
 
 
 def _hints(req):
-    key = tuple(tuple(h) for h in req.get("hints") or ())
+    """Compiled hint patterns, or None: then any new line answers (no hints sent, or one
+    that this Python cannot compile, e.g. syntax newer than the host's 3.9)."""
+    if req.get("hints") is None:
+        return None
+    key = tuple(tuple(h) for h in req["hints"])
     cache = CONTEXT.setdefault("watch_hints", {})
     if key not in cache:
-        cache[key] = [re.compile(p, f) for p, f in key]
+        try:
+            cache[key] = [re.compile(p, f) for p, f in key]
+        except (re.error, TypeError, ValueError):
+            cache[key] = None
     return cache[key]
+
+
+def hinted(hints, text):
+    """Whether new log text holds a line worth answering for (searched line by line, as
+    the client's scanner does, so `^` anchors mean the start of a line)."""
+    if not text:
+        return False
+    if hints is None:
+        return True
+    return any(h.search(line) for line in text.splitlines() for h in hints)
 
 
 def _gpus(req):
@@ -121,7 +138,7 @@ def op_watch(req):
             log.poll()  # the agent saw the process gone: its last words are in
             why = "exited"
             break
-        if settle_until is None and text and any(h.search(text) for h in hints):
+        if settle_until is None and hinted(hints, text):
             settle_until = now + SETTLE_S
         elif settle_until is not None and now >= settle_until and (not text or now >= settle_until + 0.2):
             why = "hint"
