@@ -103,6 +103,16 @@ class Bench:
             'host = "127.0.0.1"', "port = %d" % LAUNCH_PORT,
             "[ready]", 'models_path = ""'])
 
+    def bashrc(self, on):
+        """Give every lab host root's ~/.bashrc (as copied by the lab) or none at all: the
+        remote shell of every command sources it (`pyenv init` here, ~0.15 s of CPU)."""
+        for h in self.lab.hosts:
+            rc, off = self.lab.home(h) / ".bashrc", self.lab.home(h) / ".bashrc.bench-off"
+            if on and off.exists():
+                off.rename(rc)
+            elif not on and rc.exists():
+                rc.rename(off)
+
     def _write_profile(self, name, lines):
         path = self.work / name
         path.write_text("\n".join(lines) + "\n")
@@ -194,9 +204,9 @@ def _zombie(pid):
 class LineClock:
     """Popen whose stdout lines are time-stamped (time.time()) as they arrive."""
 
-    def __init__(self, argv, env=None):
+    def __init__(self, argv, env=None, cwd=None):
         self.lines = []
-        self.proc = subprocess.Popen([str(a) for a in argv], cwd=str(REPO), env=env,
+        self.proc = subprocess.Popen([str(a) for a in argv], cwd=str(cwd or REPO), env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
