@@ -99,7 +99,11 @@ class Payload:
         sources[registry.INDEX_MODULE] = registry.render(self.index).encode()
         self.files = sorted((f"{n}.py", data) for n, data in sources.items())
         self.digest = digest(self.files)
-        self.line = json.dumps([(n, d.decode("utf-8")) for n, d in self.files]).encode() + b"\n"
+
+    @property
+    def line(self):
+        """Built only for a host that lacks this version (most starts never need it)."""
+        return json.dumps([(n, d.decode("utf-8")) for n, d in self.files]).encode() + b"\n"
 
 
 _cache = {}

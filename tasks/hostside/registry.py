@@ -21,22 +21,52 @@ class OpIndexError(Exception):
     """The package's op declarations are ambiguous or unreadable (a programming error)."""
 
 
+_OPS_AT = None
+
+
+def _statements(source):
+    """(line number, text) of each top-level statement that assigns OPS. Only those lines
+    are parsed: the client scans the package on every task, and parsing all ~100 KB of
+    it would cost tens of ms of CPU each time."""
+    import re
+    global _OPS_AT
+    if _OPS_AT is None:
+        _OPS_AT = re.compile(r"^OPS\s*[:=]", re.M)
+    lines = source.splitlines(keepends=True)
+    for m in _OPS_AT.finditer(source):
+        first = source.count("\n", 0, m.start())
+        for last in range(first + 1, len(lines) + 1):  # the shortest run of lines that parses
+            text = "".join(lines[first:last])
+            if _parses(text):
+                yield first + 1, text
+                break
+        else:
+            yield first + 1, None
+
+
+def _parses(text):
+    import ast
+    try:
+        ast.parse(text)
+        return True
+    except SyntaxError:
+        return False
+
+
 def declared_ops(source, filename="<source>"):
     """The op names a module's source declares in its top-level `OPS = {...}` (in order)."""
     import ast  # here: the agent imports this module only in-tree, never on a host
-    tree = ast.parse(source, filename)
     names = []
-    for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else []
-        if not any(isinstance(t, ast.Name) and t.id == "OPS" for t in targets):
-            continue
-        if not isinstance(node.value, ast.Dict):
+    for lineno, text in _statements(source):
+        node = ast.parse(text).body[0] if text is not None else None
+        value = getattr(node, "value", None)
+        if not isinstance(value, ast.Dict):
             raise OpIndexError("%s:%d: OPS must be a dict literal (the agent finds ops by reading "
-                               "the source)" % (filename, node.lineno))
-        for key in node.value.keys:
+                               "the source)" % (filename, lineno))
+        for key in value.keys:
             if not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
                 raise OpIndexError("%s:%d: every OPS key must be a string literal"
-                                   % (filename, node.lineno))
+                                   % (filename, lineno))
             names.append(key.value)
     return names
 
