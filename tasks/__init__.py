@@ -1,6 +1,8 @@
 """llmfab: deploy LLM inference servers to GPU hosts over SSH from a TOML profile.
 
-The module-level `ns` is the task collection `fab` loads (see fabfile.py).
+The module-level `ns` is the task collection `fab` loads in the checkout (see fabfile.py) and
+the installed `llmfab` command bundles (tasks/program.py). Installed, this package is `llmfab`
+(setup.cfg), so it never shadows a user's own `tasks`.
 """
 from invoke import Collection
 

@@ -75,7 +75,12 @@ def compare(paths):
     columns = benchstats.read_runs(paths[0]) + benchstats.read_runs(paths[1])
     headers, rows = benchstats.compare_table(columns)
     from .report import Reporter
-    Reporter().table(headers, rows)
+    rep = Reporter()
+    rep.table(headers, rows)
+    if len(columns) == 2:  # A/B that decides (tasks/benchrepeat.py)
+        from .benchrepeat import verdict_line
+        (la, a), (lb, b) = columns
+        rep.line(None, verdict_line(la, a, lb, b))
 
 
 def _settle(host, profile, port, raw, tokens):
@@ -93,6 +98,26 @@ def _settle(host, profile, port, raw, tokens):
         time.sleep(0.1)
         res = host.call("metrics", port=port, host=profile.server.host, engine="vllm")
         raw["after"] = res["samples"][0]
+
+
+def _one_run(host, profile, reporter, port, prompts, req, server, ddir):
+    """One measured bench window: (result record, the agent's raw answer)."""
+    engine = profile.server.engine
+    raw = host.call("bench", port=port, host=profile.server.host, engine=engine,
+                    model=profile.served_name, models_path=profile.ready.models_path,
+                    api_key=api_key(profile), prompts=prompts, **req)
+    tokens = sum(s["output_tokens"] for s in raw["samples"] if s["ok"])
+    _settle(host, profile, port, raw, tokens)
+    try:
+        spec = benchstats.window_spec(raw, engine)
+    except ValueError as e:
+        reporter.line(host.name, f"/metrics unreadable: {e}")
+        spec = None
+    rec = benchstats.record(host.name, raw, spec)
+    if rec["spec"] is not None:  # the doctor's verdict over this window (tasks/doctor.py)
+        from .doctor import bench_verdict
+        rec["_verdict_lines"] = bench_verdict(host, profile, ddir, server.get("release"), raw, spec, rec["spec"])
+    return rec, raw
 
 
 def bench(c, opts):
@@ -116,24 +141,24 @@ def bench(c, opts):
                                   "start it with `fab deploy`, see `fab status`")
         port = server.get("port") or profile.server.port
         reporter.line(host.name, f"bench: {req['requests']} requests (+1 warm-up), concurrency "
-                                 f"{req['concurrency']}, max_tokens {req['max_tokens']}, port {port}")
-        raw = host.call("bench", port=port, host=profile.server.host, engine=engine,
-                        model=profile.served_name, models_path=profile.ready.models_path,
-                        api_key=api_key(profile), prompts=prompts, **req)
-        tokens = sum(s["output_tokens"] for s in raw["samples"] if s["ok"])
-        _settle(host, profile, port, raw, tokens)
-        try:
-            spec = benchstats.window_spec(raw, engine)
-        except ValueError as e:
-            reporter.line(host.name, f"/metrics unreadable: {e}")
-            spec = None
-        rec = benchstats.record(host.name, raw, spec)
+                                 f"{req['concurrency']}, max_tokens {req['max_tokens']}, port {port}"
+                                 + (f", {opts.repeat} runs" if opts.repeat > 1 else ""))
+        runs = []
+        for n in range(opts.repeat):
+            rec, raw = _one_run(host, profile, reporter, port, prompts, req, server, ddir)
+            runs.append(rec)
+            unreadable = raw["after"].get("error") if engine != "sglang" else None
+            head = [f"run {n + 1} of {opts.repeat}"] if opts.repeat > 1 else []
+            reporter.lines(host.name, ["  " + t for t in head + benchstats.human_lines(
+                rec, engine, unreadable, rec.pop("_verdict_lines", None))])
+            for err in benchstats.first_errors(raw):
+                reporter.line(host.name, f"  error: {err}")
+        if opts.repeat > 1:
+            from .benchrepeat import repeat_lines, summarize
+            rec = summarize(runs)
+            reporter.lines(host.name, ["  " + t for t in repeat_lines(rec)])
         if json_mode:
             reporter.emit_json(rec)
-        unreadable = raw["after"].get("error") if engine != "sglang" else None
-        reporter.lines(host.name, ["  " + t for t in benchstats.human_lines(rec, engine, unreadable)])
-        for err in benchstats.first_errors(raw):
-            reporter.line(host.name, f"  error: {err}")
         failed = rec["errors"] == rec["requests"]
         summary = (f"{rec['requests_per_s'] or 0:.2f} req/s, {rec['output_tokens_per_s'] or 0:.1f} "
                    f"tok/s" + (f", {rec['errors']} errors" if rec["errors"] else ""))

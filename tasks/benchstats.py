@@ -76,12 +76,16 @@ def _num(x, fmt):
     return "-" if x is None else format(x, fmt)
 
 
-def human_lines(rec, engine, metrics_error=None):
-    """Per-host table lines (the host prefix is added by the reporter)."""
+def human_lines(rec, engine, metrics_error=None, verdict=None):
+    """Per-host table lines (the host prefix is added by the reporter). `verdict`: the
+    doctor's (text, more lines), tasks/doctor.py: the spec line ends with the verdict."""
     spec = rec["spec"]
     since = " (as SGLang reports it)" if engine == "sglang" else " (bench window)"
     spec_line = metrics.spec_text(spec, since if spec is not None else "") if not metrics_error \
         else f"speculative decoding: unknown (/metrics: {metrics_error})"
+    text, more = verdict or (None, [])
+    if text:
+        spec_line += "; " + text
     return [
         f"requests        {rec['requests']} ({rec['errors']} errors) in {rec['duration_s']:.2f} s",
         f"requests/s      {_num(rec['requests_per_s'], '.2f')}",
@@ -89,7 +93,7 @@ def human_lines(rec, engine, metrics_error=None):
         f"TTFT ms         p50 {_num(rec['ttft_ms']['p50'], '.1f')}  p90 {_num(rec['ttft_ms']['p90'], '.1f')}",
         f"ITL ms          p50 {_num(rec['itl_ms']['p50'], '.2f')}  p90 {_num(rec['itl_ms']['p90'], '.2f')}",
         spec_line,
-    ]
+    ] + list(more)
 
 
 # -- --compare ---------------------------------------------------------------------------

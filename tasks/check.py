@@ -3,8 +3,10 @@
     fab check [--json]
 
 The same checks as deploy's preflight (tasks/preflight.py), one line each; exit 1 when
-any FAILs. `--json`: one object per host, `{host, ok, checks: [{status, check, message}]}`.
+any FAILs. `--json`: one object per host, `{host, ok, checks: [{status, check, message}], findings}`
+(findings: the speculative-decoding doctor's, tasks/doctor.py).
 """
+from .doctor import split
 from .fanout import HostResult
 from .preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
 
@@ -19,16 +21,17 @@ def check(c, opts):
         hello = host.start()
         reporter.line(host.name, f"connected: {hello['user']}@{hello['hostname']}")
         state = host.call("state", deploy_dir=deploy_dir(profile))
-        record = {"host": host.name, "ok": True, "checks": []}
+        record = {"host": host.name, "ok": True, "checks": [], "findings": []}
         try:
             checks = run_preflight(host, reporter, preflight_request(profile, state),
                                    exposure_checks(profile))
         except PreflightFailed as e:
-            record.update(ok=False, checks=e.checks)
+            record["checks"], record["findings"] = split(e.checks)  # the doctor's (tasks/doctor.py)
+            record["ok"] = False
             if opts.json:
                 reporter.emit_json(record)
             raise
-        record["checks"] = checks
+        record["checks"], record["findings"] = split(checks)
         if opts.json:
             reporter.emit_json(record)
         warns = sum(c["status"] == "WARN" for c in checks)

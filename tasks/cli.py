@@ -43,9 +43,12 @@ def _boundary(c, where, options, flags):
     "timeout": "seconds to wait for readiness (default: the profile's ready.timeout)",
     "stop-on-timeout": "stop the server if it is not ready in time (default: leave it running)",
     "json": "print one JSON object per host on stdout (human text goes to stderr)",
+    "rolling": "N hosts at a time, each batch ready before the next; at the first failed host "
+               "stop and put it back (default: the profile's target.rolling, else all at once)",
+    "smoke": "a host counts as deployed once it also answered one 1-token completion",
 }))
 def deploy(c, profile=None, dry_run=False, no_wait=False, timeout=None, stop_on_timeout=False,
-           json=False, parallel=32, accept_new_host_keys=False):
+           json=False, rolling=None, smoke=False, parallel=32, accept_new_host_keys=False):
     """Validate, preflight, push a release, launch detached, wait until ready (or say why not)."""
     return _boundary(c, "deploy:deploy", "DeployOptions", locals())
 
@@ -96,8 +99,10 @@ def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_hos
 @task(help=_help(**{
     "timeout": "seconds to wait for readiness (default: the profile's ready.timeout)",
     "no-wait": "return once launched, without waiting for readiness",
+    "json": "print one JSON object per host on stdout (a failed start: with `fatal`)",
 }))
-def rollback(c, profile=None, timeout=None, no_wait=False, parallel=32, accept_new_host_keys=False):
+def rollback(c, profile=None, timeout=None, no_wait=False, json=False, parallel=32,
+             accept_new_host_keys=False):
     """Stop the current release and relaunch the previous one exactly as it was."""
     return _boundary(c, "releases:rollback", "RollbackOptions", locals())
 
@@ -122,10 +127,17 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=Fa
     "prompts": "JSONL file of prompts ({\"prompt\": ...} or {\"messages\": [...]} per line)",
     "json": "print one JSON object per host on stdout",
     "compare": "print two saved --json results side by side: --compare A.json,B.json",
+    "repeat": "run the bench N times; report each figure's median and spread (default 1)",
 }))
 def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, prompts=None,
-          json=False, compare=None, parallel=32, accept_new_host_keys=False):
+          json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None):
     """Load the running server through its OpenAI API: tokens/s, TTFT, ITL, spec acceptance."""
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
     return _boundary(c, "bench:bench", "BenchOptions", locals())
+
+
+@task(help=_help(out="write it to this file, replaced in one rename (default: stdout)"))
+def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
+    """Print a Prometheus file_sd document: the /metrics address of every running deployment."""
+    return _boundary(c, "targets:targets", "TargetsOptions", locals())

@@ -4,7 +4,7 @@ The deploy host is the Ray head; `cluster.workers` are hosts as the user wrote t
 (ssh aliases), each reached over its own SSH connection and agent, like any host.
 
 deploy: after the preflight, the release push and the stop of a running server, and
-before the new server launches (tasks/deploy.py `before_launch`): every node's earlier
+before the new server launches (tasks/deploy.py `deploy_head`, `before_launch`): every node's earlier
 Ray of this deployment is stopped; the head starts (`ray start --head --port
 <ray_port> --block`, detached, tasks/hostside/ray_node.py); then each worker joins with
 `--address <head_address or the head's address>:<ray_port>`, VLLM_HOST_IP set to the
@@ -68,7 +68,7 @@ def server_profile(profile: Profile, head_ip):
     return dataclasses.replace(profile, server=dataclasses.replace(profile.server, env=tuple(env)))
 
 
-def _call(host, op, **kw):
+def call(host, op, **kw):
     """host.call, with a Ray node's log excerpt as the error's detail lines."""
     try:
         return host.call(op, **kw)
@@ -91,7 +91,7 @@ def _raise_worst(results, what):
 
 
 def stop_node(host, ddir, reporter, grace, quiet=False):
-    res = _call(host, "ray_stop", deploy_dir=ddir, grace=grace, timeout=grace + 60)
+    res = call(host, "ray_stop", deploy_dir=ddir, grace=grace, timeout=grace + 60)
     if res.get("survivors"):
         raise OperationFailed(f"{len(res['survivors'])} Ray process(es) survived SIGKILL: "
                               + ", ".join(map(str, res["survivors"])))
@@ -100,22 +100,6 @@ def stop_node(host, ddir, reporter, grace, quiet=False):
                                  f"{len(res['pids'])} process(es) in {res['seconds']:.1f} s")
     elif not quiet:
         reporter.line(host.name, "ray: not running here")
-    return res
-
-
-def deploy_head(head, profile: Profile, opts, reporter, launched=None):
-    """`fab deploy` on the head of a cluster profile: deploy_host with the Ray bring-up."""
-    from .deploy import deploy_host
-    from .preflight import deploy_dir
-    head.start()
-    ip = _call(head, "ray_address", head_address=profile.cluster.head_address)["ip"]
-    info = {}
-    res = deploy_host(head, server_profile(profile, ip), opts, reporter,
-                      before_launch=lambda: info.update(bring_up(head, profile, reporter,
-                                                                 ddir=deploy_dir(profile), head_ip=ip)),
-                      launched=launched)
-    res.data["cluster"] = info
-    res.summary += f" on {info['nodes']} Ray nodes"
     return res
 
 
@@ -143,7 +127,7 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
         head_up.wait()
         if shared["head"] is None:  # the head or another worker failed: that is the story
             return HostResult(w.name, ExitCode.OK, "not started")
-        rec = _call(w, "ray_start", role="worker", address=address, port=c.ray_port, **common)
+        rec = call(w, "ray_start", role="worker", address=address, port=c.ray_port, **common)
         h = shared["head"]
         if (rec["ray"], rec["python"]) != (h["ray"], h["python"]):
             raise OperationFailed(f"Ray {rec['ray']} on Python {rec['python']} here, but Ray {h['ray']} on "
@@ -163,7 +147,7 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
         for e in stale.values():
             e.wait()
         if not shared["failed"]:
-            rec = shared["head"] = _call(head, "ray_start", role="head", node_ip=head_ip, port=c.ray_port,
+            rec = shared["head"] = call(head, "ray_start", role="head", node_ip=head_ip, port=c.ray_port,
                                          **common)
             reporter.line(head.name, f"ray head up at {address} ({rec['num_gpus']} GPU, Ray {rec['ray']}) "
                                      f"in {rec['seconds']:.1f} s; log {rec['log']}")
@@ -178,7 +162,7 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
     nodes = 1 + len(c.workers)
     gpus = sum(int(r.data["ray"]["num_gpus"] or 0) for r in results) + int(rec["num_gpus"] or 0)
     reporter.line(head.name, f"ray: waiting for {nodes} nodes and {gpus} GPUs")
-    view = _call(head, "ray_cluster", deploy_dir=ddir, address=f"{head_ip}:{c.ray_port}", nodes=nodes,
+    view = call(head, "ray_cluster", deploy_dir=ddir, address=f"{head_ip}:{c.ray_port}", nodes=nodes,
                  gpus=gpus, wait=CLUSTER_WAIT_S, timeout=CLUSTER_WAIT_S + 120)
     alive = [n for n in view["nodes"] if n["alive"]]
     seen = sum(n["gpus"] for n in alive)
@@ -231,7 +215,7 @@ def stop_cluster(head, profile: Profile, reporter, *, ddir, grace):
 def cluster_status(head, profile: Profile, ddir):
     """(record, lines, healthy) of the Ray cluster as the head sees it."""
     c = profile.cluster
-    rec = _call(head, "ray_cluster", deploy_dir=ddir, timeout=120)  # address: the head's ray.json
+    rec = call(head, "ray_cluster", deploy_dir=ddir, timeout=120)  # address: the head's ray.json
     expected = 1 + len(c.workers)
     if not rec["running"]:
         return ({"running": False, "nodes": [], "expected_nodes": expected},

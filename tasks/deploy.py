@@ -3,7 +3,8 @@ import json
 import os
 
 from .argv import server_argv
-from .errors import ExitCode, OperationFailed
+from .errors import ExitCode, LlmfabError, OperationFailed
+from .failreport import failed_record
 from .fanout import HostResult
 from .preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
 from .gpuwait import profile_devices
@@ -73,7 +74,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     take_lock(host, ddir, "deploy")
     state = host.call("state", deploy_dir=ddir)
     running = state["alive"]
-    run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
+    checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
     rel = push_release(host, profile, ddir)
     if running:
         reporter.line(name, f"release {state['current']} is running: stopping it first")
@@ -85,16 +86,16 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     reuse_s = None if running or before_launch is not None else 2.0
     host.call("gpu_baseline", deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
               devices=profile_devices(profile), reuse_s=reuse_s, timeout=60)
-    launched = host.call("launch", deploy_dir=ddir, release=rel["release"],
-                         python=profile.server.interpreter, keep=profile.target.keep_releases)
-    server = launched["server"]
+    server = host.call("launch", deploy_dir=ddir, release=rel["release"],
+                       python=profile.server.interpreter, keep=profile.target.keep_releases)["server"]
     reporter.line(name, f"launched release {server['release']}: pid {server['pid']}, "
                         f"log {rel['path']}/server.log")
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",
                         {"release": server["release"], "pid": server["pid"]})
     if opts.no_wait:
+        from .doctor import split  # the preflight's findings; the log is read later by status
+        result.data["findings"] = split(checks)[1]
         return result
-
     if launched is not None:  # what Ctrl-C leaves running (the task body says so)
         launched[name] = server
     try:
@@ -109,7 +110,24 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
                         f"on port {profile.server.port}")
     result.summary = f"ready in {facts['seconds']:.1f} s ({server['release']})"
     result.data["ready_s"] = round(facts["seconds"], 3)
+    from .doctor import at_ready  # the start-up log's speculative-decoding evidence
+    result.data["findings"] = at_ready(host, profile, ddir, server["release"], checks, reporter)
     return result
+
+
+def deploy_head(head, profile, opts, reporter, launched=None):
+    """`fab deploy` on the head of a cluster profile: deploy_host with the Ray bring-up."""
+    from .cluster import bring_up, call, server_profile
+    head.start()
+    ip = call(head, "ray_address", head_address=profile.cluster.head_address)["ip"]
+    info = {}
+    res = deploy_host(head, server_profile(profile, ip), opts, reporter,
+                      before_launch=lambda: info.update(bring_up(head, profile, reporter,
+                                                                 ddir=deploy_dir(profile), head_ip=ip)),
+                      launched=launched)
+    res.data["cluster"] = info
+    res.summary += f" on {info['nodes']} Ray nodes"
+    return res
 
 
 def dry_run_record(profile: Profile, host):
@@ -153,14 +171,27 @@ def deploy(c, opts):
     if profile.cluster is not None:  # one head; the workers come from the profile (tasks/cluster.py)
         from .cluster import check_hosts
         check_hosts(hosts_for(c, profile), profile)
+    from .rolling import batch_size
+    size = batch_size(opts.rolling, profile, opts.no_wait)  # before any host: bad input is exit 2
     launched = {}  # host -> server record of what keeps running if Ctrl-C ends the wait
 
-    def op(host, reporter):
+    def one(host, reporter):
         if profile.cluster is not None:  # the head of a Ray cluster (tasks/cluster.py)
-            from .cluster import deploy_head
             res = deploy_head(host, profile, opts, reporter, launched=launched)
         else:
             res = deploy_host(host, profile, opts, reporter, launched=launched)
+        if opts.smoke:  # tasks/smoke.py
+            from .smoke import smoke_after
+            smoke_after(res, host, profile, reporter)
+        return res
+
+    def op(host, reporter):
+        try:
+            res = one(host, reporter)
+        except LlmfabError as e:
+            if opts.json:  # a failed deploy prints its host object too, with why (`fatal`)
+                reporter.emit_json(failed_record(host.name, e))
+            raise
         if opts.json:
             reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
         return res
@@ -168,4 +199,9 @@ def deploy(c, opts):
     def still_running():
         return [(h, f"interrupted: release {s['release']} (pid {s['pid']}) keeps running; stop "
                     f"it with `{fab_hint(profile, 'stop')}`") for h, s in list(launched.items())]
+    if size is not None:  # batch by batch, a failed host put back (tasks/rolling.py)
+        from .releases import rollback_host
+        from .rolling import deploy_rolling
+        return deploy_rolling(c, profile, opts, size, deploy_one=one, on_interrupt=still_running,
+                              rollback_one=lambda h, r, to: rollback_host(h, profile, opts, r, to=to))
     run_task(c, profile, op, opts, title="deploy", json_mode=opts.json, on_interrupt=still_running)

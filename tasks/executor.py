@@ -3,8 +3,9 @@
 Fabric's executor calls a task once per `-H` host, one after the other, with a
 Connection. llmfab tasks need every host at once (bounded parallelism, one summary
 table, the worst exit code), so this executor calls each task once with a plain
-Context and leaves the host list in the config (`llmfab_hosts`). It is selected by
-the project's `fabric.json` (`tasks.executor_class`).
+Context and leaves the host list in the config (`llmfab_hosts`). `fab` selects it
+through the project's `fabric.json` (`tasks.executor_class`), `llmfab` directly
+(tasks/program.py).
 """
 from fabric.executor import Executor
 from invoke.executor import Executor as InvokeExecutor
@@ -18,18 +19,19 @@ class FanoutExecutor(Executor):
         return InvokeExecutor.expand_calls(self, calls)
 
 
-def exit_2_on_bad_arguments():
-    """Make `fab` exit 2 (bad input) on unknown flags and bad flag values, as DESIGN.md says.
+def exit_2_on_bad_arguments(program=None, *, binary="fab"):
+    """Make the program exit 2 (bad input) on unknown flags and bad flag values, as DESIGN.md says.
 
     Invoke turns a ParseError into exit 1 and lets a failed int() cast escape as a
     traceback. Task arguments are parsed after the fabfile is imported, so wrapping
-    the running program's `parse_tasks` here is early enough. Only the `fab`
-    program of Fabric is touched; importing this package elsewhere changes nothing.
+    the running program's `parse_tasks` here is early enough. Without `program`, only
+    the `fab` program of Fabric is touched (importing this package elsewhere changes
+    nothing); `llmfab` (tasks/program.py) passes its own, with its name for the hint.
     """
     import sys
 
-    main = sys.modules.get("fabric.main")
-    program = getattr(main, "program", None)
+    if program is None:
+        program = getattr(sys.modules.get("fabric.main"), "program", None)
     if program is None or getattr(program, "_llmfab_wrapped", False):
         return
     from invoke.exceptions import Exit, ParseError
@@ -40,7 +42,7 @@ def exit_2_on_bad_arguments():
         try:
             return original()
         except (ParseError, ValueError) as e:
-            raise Exit(f"error: {e} (see `fab --help TASK`)", code=2) from None
+            raise Exit(f"error: {e} (see `{binary} --help TASK`)", code=2) from None
 
     program.parse_tasks = parse_tasks
     program._llmfab_wrapped = True

@@ -4,7 +4,7 @@ Chunks arrive cut anywhere (mid-line, mid-character). Only complete lines are
 decoded, so a multi-byte character split across two chunks is never mangled;
 invalid UTF-8 becomes U+FFFD and never raises.
 """
-from .logscan import FATAL
+from .logscan import is_fatal_line
 
 MAX_PARTIAL = 1 << 20  # a "line" this long without a newline is shown in pieces
 
@@ -62,4 +62,4 @@ def utf8_boundary(data, limit):
 
 
 def is_fatal(line):
-    return any(p.search(line) for p, _ in FATAL)
+    return is_fatal_line(line)

@@ -92,6 +92,7 @@ def spec_window(after, before=None):
         "acceptance_rate": accepted / draft_tokens if draft_tokens else None,
         "mean_acceptance_length": 1.0 + accepted / drafts if drafts else None,
         "per_position": [n / drafts for n in per_pos] if drafts else [],
+        "drafts": drafts,  # for the doctor's verdict (tasks/specverdict.py); not output as is
     }
 
 
@@ -178,6 +179,7 @@ def status_metrics(host, profile, server, interval=1.0):
         out["lines"].append(f"metrics: unreadable /metrics ({e})")
         return out
     out["spec"] = rounded(spec)
+    out["spec_raw"], out["snapshot"] = spec, snap1  # for the doctor's verdict (tasks/doctor.py)
     since = " (as SGLang reports it)" if profile.server.engine == "sglang" else " (since start)"
     out["lines"].append(spec_text(spec, since))
     if snap0 is not None and snap1 is not None and len(res["samples"]) > 1:

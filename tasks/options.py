@@ -92,10 +92,18 @@ class DeployOptions(Common):
     timeout: Optional[float] = None
     stop_on_timeout: bool = False
     json: bool = False
+    rolling: Optional[int] = None    # batches of N hosts (tasks/rolling.py); None: the profile's
+    smoke: bool = False              # ready also means: one 1-token completion answered
 
     @staticmethod
     def convert(flags):
         flags["timeout"] = seconds("timeout", flags.get("timeout"))
+        flags["rolling"] = whole("rolling", flags.get("rolling"), 1)
+        flags["smoke"] = bool(flags.get("smoke"))
+        for key in ("rolling", "smoke"):  # both wait for ready, which --no-wait does not
+            if flags.get("no_wait") and flags[key]:
+                raise UsageError(f"{_flag(key)} waits for each host to be ready; it cannot be "
+                                 "combined with --no-wait (nothing was done)")
         return flags
 
 
@@ -175,6 +183,7 @@ class ReleasesOptions(Common):
 class RollbackOptions(Common):
     timeout: Optional[float] = None
     no_wait: bool = False
+    json: bool = False
 
     @staticmethod
     def convert(flags):
@@ -201,6 +210,11 @@ class KillGpuProcsOptions(Common):
         return flags
 
 
+@dataclass(frozen=True)
+class TargetsOptions(Common):
+    out: Optional[str] = None        # the file_sd file, replaced atomically; None: stdout
+
+
 BENCH_DEFAULTS = {"requests": 32, "concurrency": 4, "max_tokens": 128}
 
 
@@ -212,11 +226,13 @@ class BenchOptions(Common):
     prompts: Optional[str] = None
     json: bool = False
     compare: Optional[Tuple[str, str]] = None
+    repeat: int = 1  # runs of the bench; medians and spread (tasks/benchrepeat.py)
 
     @staticmethod
     def convert(flags):
         for key, default in BENCH_DEFAULTS.items():
             flags[key] = whole(key, flags.get(key), 1, default)
+        flags["repeat"] = whole("repeat", flags.get("repeat"), 1, 1)
         spec = flags.get("compare")
         if spec is not None:
             paths = tuple(p.strip() for p in str(spec).split(",") if p.strip())

@@ -9,6 +9,7 @@ from .errors import PreflightFailed
 from .modelcheck import models_request
 from .profile.serverargs import ServerArgs
 from .profile.types import Profile
+from .specrequest import doctor_request
 
 OPEN_ADDRESSES = ("0.0.0.0", "::", "", "[::]")
 
@@ -38,6 +39,7 @@ def preflight_request(profile: Profile, state=None):
         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
         min_free_mib=profile.gpu.min_free_mib,
         models=models_request(profile),
+        doctor=doctor_request(profile),  # the rules of tasks/hostside/specrules.py
     )
     server = (state or {}).get("server") or {}
     if state and state.get("alive") and server.get("port") == s.port:

@@ -162,8 +162,10 @@ def releases(c, opts):
     run_task(c, profile, op, opts, title="releases", json_mode=json_mode)
 
 
-def rollback_host(host, profile, opts, reporter):
-    from .deploy import stop_running
+def rollback_host(host, profile, opts, reporter, to=None):
+    """Relaunch the release before `current` (or `to`: a rolling deploy names the one that
+    ran before it, which differs when a failed release lies in between)."""
+    from .stop import stop_deployment
     from .lock import take_lock
     from .preflight import deploy_dir
     from .gpuwait import profile_devices
@@ -175,7 +177,9 @@ def rollback_host(host, profile, opts, reporter):
     current = listing["current"]
     if current is None:
         raise OperationFailed(f"nothing deployed in {ddir}: no release to roll back from")
-    prev = previous_release(listing["releases"], current)
+    prev = to or previous_release(listing["releases"], current)
+    if to is not None and to not in [r["release"] for r in listing["releases"]]:
+        raise OperationFailed(f"release {to} is no longer kept in {ddir}; nothing was changed")
     if prev is None:
         ran = [r["release"] for r in listing["releases"]]
         raise OperationFailed(f"no release before {current} to roll back to in {ddir} "
@@ -188,7 +192,7 @@ def rollback_host(host, profile, opts, reporter):
     # Hints such as `fab stop --profile ...` must name the user's file, not a temporary copy.
     old = dataclasses.replace(old, path=profile.path)
     reporter.line(name, f"rolling back from {current} to {prev}")
-    stop_running(host, ddir, reporter)
+    stop_deployment(host, ddir, reporter)
     # The old release's gpu-baseline.json is from its first launch: take today's, so
     # `fab stop` waits for what the GPUs hold now without this server.
     host.call("gpu_baseline", deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,
@@ -215,5 +219,18 @@ def rollback_host(host, profile, opts, reporter):
 def rollback(c, opts):
     """Body of `fab rollback` (opts: tasks.options.RollbackOptions)."""
     from .runner import load, run_task
+    from .errors import LlmfabError
+    from .failreport import failed_record
     profile = load(c, opts.profile)
-    run_task(c, profile, lambda h, r: rollback_host(h, profile, opts, r), opts, title="rollback")
+
+    def op(host, reporter):
+        try:
+            res = rollback_host(host, profile, opts, reporter)
+        except LlmfabError as e:
+            if opts.json:  # a failed start prints its host object too, with why (`fatal`)
+                reporter.emit_json(failed_record(host.name, e))
+            raise
+        if opts.json:
+            reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
+        return res
+    run_task(c, profile, op, opts, title="rollback", json_mode=opts.json)

@@ -9,7 +9,6 @@ served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal` 
 `verdict(status)` into the host's result: no host is needed to test either.
 Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
 """
-import base64
 import datetime
 from dataclasses import dataclass, field
 
@@ -23,7 +22,8 @@ class Status:
     metric_lines: list = field(default_factory=list)   # speculative acceptance, tokens/s, load
     cluster_lines: list = field(default_factory=list)
     cluster_ok: bool = True
-    why: str = None                                    # why a dead server ended (its fatal line)
+    why: str = None                                    # why a dead server ended (the cause)
+    fix: str = None                                    # and what to do (tasks/failreport.py)
 
     @property
     def healthy(self):
@@ -47,17 +47,6 @@ def duration(seconds):
     h, rest = divmod(rest, 3600)
     m, s = divmod(rest, 60)
     return (f"{d}d{h:02d}h" if d else f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s")
-
-
-def fatal_line(host, ddir, release):
-    """(line, reason) of the first fatal line in the last 400 lines of the release's log, or None."""
-    from .agentclient import AgentError
-    from .logscan import LogScanner
-    try:
-        tail = host.call("log_tail", deploy_dir=ddir, release=release, lines=400)
-    except AgentError:
-        return None
-    return LogScanner().feed(base64.b64decode(tail["data"]).decode("utf-8", "replace"))
 
 
 def gather(host, profile, ddir):
@@ -90,15 +79,21 @@ def gather(host, profile, ddir):
         m = status_metrics(host, profile, server)
         record["spec"], record["generation_tokens_per_s"] = m["spec"], m["generation_tokens_per_s"]
         out.metric_lines = m["lines"]
+        if record["spec"] is not None:  # the doctor's verdict and likely causes (tasks/doctor.py)
+            from .doctor import status_verdict, with_verdict
+            text, more = status_verdict(host, profile, ddir, server["release"], m, record["spec"])
+            if text:
+                out.metric_lines = with_verdict(out.metric_lines, text) + more
     if profile.cluster is not None:  # the Ray cluster under the server (tasks/cluster.py)
         from .cluster import cluster_status
         record["cluster"], out.cluster_lines, out.cluster_ok = cluster_status(host, profile, ddir)
     if server and not alive:
         record["exit"] = st.get("exit") or None
-        fatal = fatal_line(host, ddir, server["release"])
-        if fatal:  # why it died: an engine crash can exit 0, so the log says more than the code
-            record["fatal"] = fatal[0]
-            out.why = f"{fatal[1]}: {fatal[0].strip()}"
+        from .failreport import explain_dead
+        ex = explain_dead(host, profile, ddir, server, record["exit"])
+        if ex:  # why it died: an engine crash can exit 0, so the log says more than the code
+            record["fatal"] = ex.as_json()
+            out.why, out.fix = ex.cause, ex.fix
     return out
 
 
@@ -114,6 +109,8 @@ def render(status):
         lines = [f"not running: release {r['release']} {how}"]
         if status.why:
             lines.append(f"  why: {status.why}")
+        if status.fix:
+            lines.append(f"  fix: {status.fix}")
     else:
         lines = ["not deployed"]
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
@@ -141,9 +138,10 @@ def status(c, opts):
     def op(host, reporter):
         st = gather(host, profile, ddir)
         lines = render(st)
-        reporter.lines(host.name, lines[:1 + bool(st.why)])
+        head = 1 + bool(st.why) + bool(st.fix)
+        reporter.lines(host.name, lines[:head])
         if opts.json:
             reporter.emit_json(json_record(st))
-        reporter.lines(host.name, lines[1 + bool(st.why):])
+        reporter.lines(host.name, lines[head:])
         return verdict(st)
     run_task(c, profile, op, opts, title="status", json_mode=opts.json)

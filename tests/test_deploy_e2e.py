@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from lab import REPO
 from tasks.profile.toml_text import dumps
-from test_modelcheck import DRAFT, TARGET
+from helpers import DRAFT, TARGET
 
 CONFIGS = REPO / "configs"
 RECORDER = Path(__file__).with_name("servers") / "record_server.py"
@@ -172,7 +172,7 @@ def test_malformed_profile_exits_2_naming_the_key_and_touches_no_host(lab, hosts
     assert lab.sshd_log("h1").count("Accepted publickey") == before
 
 
-TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "releases", "rollback", "status", "stop", "tail-log"]
+TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "releases", "rollback", "status", "stop", "tail-log", "targets"]
 
 
 def test_fab_list_shows_every_task_with_a_summary():

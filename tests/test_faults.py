@@ -13,122 +13,15 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from lab import REPO, wait_for
+from helpers import (HOST_PYTHON, Background, deployment, fab, host_pid_alive,  # noqa: F401
+                     launched_once, releases, server_record, vllm_profile, write_profile)
+from lab import wait_for
 
 pytestmark = pytest.mark.e2e
-
-HOST_PYTHON = "/usr/bin/python3"
-
-
-# -- helpers (also used by tests/test_abuse.py) ---------------------------------------------
-
-def write_profile(lab, name, lines):
-    path = Path(lab.root) / "fault-profiles" / f"{name}.toml"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def vllm_profile(lab, name, host, port, env=(), *, timeout=60, workdir=None, ready=()):
-    """The stand-in vLLM on `host`; `env`: STANDIN_* knobs; `ready`: extra [ready] lines."""
-    lines = ["[target]", f'hosts = ["{host}"]', f'name = "{name}"']
-    lines += [f'workdir = "{workdir}"'] if workdir else []
-    lines += ["[server]", 'engine = "vllm"', f'python = "{lab.ml_python}"',
-              f'model = "{lab.model_dir("fault-model")}"', 'host = "127.0.0.1"', f"port = {port}",
-              "[server.env]"] + [f'{k} = "{v}"' for k, v in dict(env).items()]
-    lines += ["[ready]", f"timeout = {timeout}", "poll_interval = 0.2", *ready]
-    return write_profile(lab, name, lines)
-
-
-def fab(lab, *args, profile, code=0, env=None):
-    r = lab.fab(*args, profile=profile, timeout=240, env=env)
-    assert r.returncode == code, f"fab {' '.join(map(str, args))} exited {r.returncode}, not {code}\n" \
-                                 f"--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
-    return r
-
-
-class Background:
-    """`fab ARGS --profile P` running in the background; stdout and stderr gathered live."""
-
-    def __init__(self, lab, *args, profile, env=None):
-        argv = [sys.executable, "-m", "fabric", "-S", str(lab.ssh_config), *map(str, args),
-                "--profile", str(profile)]
-        self.proc = subprocess.Popen(argv, cwd=str(REPO), stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=dict(os.environ, **(env or {})))
-        self.out, self.err = [], []
-        self._threads = [threading.Thread(target=self._read, args=(s, d), daemon=True)
-                         for s, d in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
-        for t in self._threads:
-            t.start()
-
-    @staticmethod
-    def _read(stream, into):
-        for raw in stream:
-            into.append(raw.decode("utf-8", "surrogateescape").rstrip("\n"))
-
-    def wait_line(self, needle, timeout=60):
-        return wait_for(lambda: next((l for l in self.out if needle in l), None), timeout,
-                        f"{needle!r} in fab's output (so far: {self.out[-5:]} {self.err[-5:]})")
-
-    def finish(self, timeout=120):
-        code = self.proc.wait(timeout)
-        for t in self._threads:
-            t.join(5)
-        for stream in (self.proc.stdout, self.proc.stderr):
-            stream.close()  # an unclosed pipe is a ResourceWarning in some later test
-        return code
-
-    def close(self):
-        """Kill it if still running (a failed test), and release the pipes."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-        if not self.proc.stdout.closed:
-            self.finish(30)
-
-    @property
-    def text(self):
-        return "\n".join(self.out + self.err)
-
-
-def deployment(lab, host, name, workdir="llmfab"):
-    return Path(lab.home(host)) / workdir / name
-
-
-def releases(lab, host, name):
-    return sorted(p.name for p in (deployment(lab, host, name) / "releases").iterdir())
-
-
-def server_record(lab, host, name):
-    return json.loads((deployment(lab, host, name) / "server.json").read_text())
-
-
-def host_pid_alive(lab, host, pid):
-    """Alive and not a zombie, as seen inside the host."""
-    r = lab.exec(host, ["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
-    return r.returncode == 0 and not r.stdout.strip().startswith("Z")
-
-
-def launched_once(lab, host, name):
-    """The deployment holds exactly one release, started exactly once, and it runs."""
-    rels = releases(lab, host, name)
-    assert len(rels) == 1, rels
-    rdir = deployment(lab, host, name) / "releases" / rels[0]
-    log = (rdir / "server.log").read_text(errors="replace")
-    assert log.count("vLLM API server version") == 1, log  # one server process ever started
-    received = json.loads((rdir / "standin-received.json").read_text())
-    server = server_record(lab, host, name)
-    assert received["pid"] == server["pid"] and server["release"] == rels[0]
-    assert host_pid_alive(lab, host, server["pid"])
-    return server
-
 
 # -- the SSH connection drops while deploy waits ---------------------------------------------
 
@@ -274,7 +167,7 @@ def test_engine_death_during_the_wait_fails_the_deploy_with_its_line(lab):
     t0 = time.monotonic()
     r = fab(lab, "deploy", profile=prof, code=1)
     assert time.monotonic() - t0 < 45
-    assert "server failed: the engine died" in r.stdout, r.stdout
+    assert "server failed: the engine process died: RuntimeError: CUDA error: an illegal memory" in r.stdout, r.stdout
     assert "EngineCore encountered a fatal error" in r.stdout
     assert "not ready after" not in r.stdout
 
@@ -293,10 +186,11 @@ def test_engine_death_after_ready_status_says_dead_and_why(lab):
     r, record = wait_for(dead, 60, "status to report the server dead")
     assert r.returncode == 1
     assert record["exit"]["returncode"] == 0  # an engine crash can exit 0
-    assert "EngineCore encountered a fatal error" in record["fatal"]
+    assert record["fatal"]["rule"] == "engine-dead"
+    assert "EngineCore encountered a fatal error" in record["fatal"]["line"]
     human = fab(lab, "status", profile=prof, code=1).stdout
     assert f"not running: release {server['release']} exited with status 0" in human, human
-    assert "the engine died" in human and "EngineCore encountered a fatal error" in human, human
+    assert "why: the engine process died" in human and "  fix: " in human, human
 
 
 # -- Ctrl-C during the wait ------------------------------------------------------------------

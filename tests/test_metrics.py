@@ -45,7 +45,8 @@ def test_no_spec_counters_means_no_speculative_decoding():
 
 def test_spec_configured_but_no_drafts_yet_is_not_zero_acceptance():
     spec = metrics.spec_window(snap("vllm_spec_idle.txt"))
-    assert spec == {"acceptance_rate": None, "mean_acceptance_length": None, "per_position": []}
+    assert spec == {"acceptance_rate": None, "mean_acceptance_length": None, "per_position": [],
+                    "drafts": 0.0}
     assert "no drafts yet" in metrics.spec_text(spec)
     # A window in which nothing was drafted either.
     idle = snap("vllm_spec_before.txt")

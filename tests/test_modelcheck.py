@@ -7,33 +7,15 @@ from pathlib import Path
 import pytest
 
 from tasks.hostside import modelcheck as host
+from tasks.hostside import specdoctor, specfacts
 from tasks.profile.types import Gpu, JsonTable, Profile, Ready, Secret, Server, Target
 from tasks.modelcheck import models_request
+
+from helpers import DRAFT, TARGET
 
 REPO = Path(__file__).resolve().parent.parent
 
 # Qwen3.6-27B: a multimodal checkpoint, so the language model's sizes sit under text_config.
-TARGET = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"],
-    "model_type": "qwen3_5",
-    "text_config": {"model_type": "qwen3_5_text", "num_hidden_layers": 64, "vocab_size": 248320,
-                    "hidden_size": 5120, "num_attention_heads": 24, "num_key_value_heads": 4,
-                    "max_position_embeddings": 262144},
-    "vision_config": {"hidden_size": 1152},
-}
-# z-lab/Qwen3.6-27B-DFlash as published: block_size at the top level, the rest in dflash_config,
-# four causal sliding-window layers and one full-attention layer.
-DRAFT = {
-    "architectures": ["DFlashDraftModel"],
-    "model_type": "qwen3",
-    "block_size": 16,
-    "dflash_config": {"mask_token_id": 248070, "target_layer_ids": [1, 16, 31, 46, 61]},
-    "hidden_size": 5120, "num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "layer_types": ["sliding_attention"] * 4 + ["full_attention"],
-    "sliding_window": 2048, "max_position_embeddings": 262144, "vocab_size": 248320,
-}
-
-
 def write_model(d, config):
     d.mkdir(parents=True, exist_ok=True)
     if config is not None:
@@ -60,16 +42,23 @@ def by_status(records, status):
     return [r for r in records if r["status"] == status]
 
 
-def test_zlab_drafter_on_its_target_passes_with_the_v2_warning(tmp_path):
-    records = host.run(request(tmp_path))
-    assert not by_status(records, "FAIL"), records
-    [warn] = by_status(records, "WARN")
-    draft_file = str(tmp_path / "Qwen3.6-27B-DFlash" / "config.json")
-    assert warn["check"] == "dflash"
-    assert warn["message"].startswith(draft_file + ": layer_types mixes 4 sliding_attention")
-    assert "VLLM_USE_V2_MODEL_RUNNER" in warn["message"] and "[server.env]" in warn["message"]
+def preflight(req):
+    """The host preflight's model records: modelcheck's, then the doctor's rules that hold on
+    any engine version (tasks/hostside/specdoctor.py; version rules: test_specrules.py)."""
+    doctor = {"engine": req["engine"], "method": req["method"], "method_key": req["keys"].get("method"),
+              "draft": req["draft"], "draft_key": req["keys"].get("draft"), "target": req["target"],
+              "k": req.get("spec_tokens"), "v2_env": "1" if req.get("v2_runner") else None,
+              "prefix_caching": {"value": False}}
+    return host.run(req) + specdoctor.checks(specdoctor.evaluate(specfacts.facts(doctor, None)))
+
+
+def test_zlab_drafter_on_its_target_passes(tmp_path):
+    # Sliding-window layers are judged by the doctor with the engine version (test_specrules.py).
+    records = preflight(request(tmp_path))
+    assert [r["status"] for r in records] == ["OK"] * len(records), records
     checks = {r["check"] for r in records}
     assert checks == {"config", "spec", "dflash", "context", "tp"}
+    assert "layer_types: 4 of 5 sliding_attention" in next(r for r in records if r["check"] == "dflash")["message"]
 
 
 def test_zlab_drafter_with_v2_runner_set_is_all_ok(tmp_path):
@@ -77,7 +66,7 @@ def test_zlab_drafter_with_v2_runner_set_is_all_ok(tmp_path):
     assert [r["status"] for r in records] == ["OK"] * len(records), records
     dflash = next(r for r in records if r["check"] == "dflash")
     for text in ("block_size 16", "dflash_config.mask_token_id 248070", "[1, 16, 31, 46, 61]",
-                 "VLLM_USE_V2_MODEL_RUNNER=1 is set"):
+                 "num_speculative_tokens 15 fits block_size 16"):
         assert text in dflash["message"]
 
 
@@ -110,25 +99,25 @@ def _set(path, value):
 # (id, change to the drafter, change to the target, request overrides, status, check,
 #  file blamed ("draft" | "target" | None), texts the message must contain)
 BROKEN = [
-    ("no-block-size", _drop("block_size"), None, {}, "FAIL", "dflash", "draft",
-     ["dflash_config.block_size (nor block_size at the top level) is missing"]),
-    ("no-mask-token", _drop("mask_token_id"), None, {}, "FAIL", "dflash", "draft",
-     ["dflash_config.mask_token_id (nor mask_token_id at the top level) is missing"]),
-    ("no-layer-ids", _drop("target_layer_ids"), None, {}, "FAIL", "dflash", "draft",
-     ["dflash_config.target_layer_ids (nor target_layer_ids at the top level) is missing"]),
+    ("no-block-size", _drop("block_size"), None, {}, "FAIL", "spec-drafter-config", "draft",
+     ["config.json lacks dflash_config.block_size, which dflash drafters need"]),
+    ("no-mask-token", _drop("mask_token_id"), None, {}, "FAIL", "spec-drafter-config", "draft",
+     ["lacks dflash_config.mask_token_id"]),
+    ("no-layer-ids", _drop("target_layer_ids"), None, {}, "FAIL", "spec-drafter-config", "draft",
+     ["lacks dflash_config.target_layer_ids"]),
     ("layer-ids-not-a-list", _set(("dflash_config", "target_layer_ids"), "1,16"), None, {}, "FAIL",
      "dflash", "draft", ['dflash_config.target_layer_ids = "1,16" is not a non-empty list']),
     ("layer-id-past-target", _set(("dflash_config", "target_layer_ids"), [1, 16, 31, 46, 64]), None, {},
-     "FAIL", "dflash", "draft",
+     "FAIL", "spec-layer-out-of-range", "draft",
      ["dflash_config.target_layer_ids = [1, 16, 31, 46, 64] has [64] outside 0 .. 63",
-      "text_config.num_hidden_layers = 64"]),
-    ("target-too-shallow", None, _set(("text_config", "num_hidden_layers"), 48), {}, "FAIL", "dflash",
-     "draft", ["has [61] outside 0 .. 47", "text_config.num_hidden_layers = 48 in "]),
+      "the target has 64 layers"]),
+    ("target-too-shallow", None, _set(("text_config", "num_hidden_layers"), 48), {}, "FAIL",
+     "spec-layer-out-of-range", "draft", ["has [61] outside 0 .. 47", "the target has 48 layers"]),
     ("mask-token-past-vocab", _set(("dflash_config", "mask_token_id"), 248320), None, {}, "FAIL",
-     "dflash", "draft", ["dflash_config.mask_token_id = 248320 is not below the target's "
+     "spec-mask-token", "draft", ["dflash_config.mask_token_id = 248320 is not below the target's "
                          "text_config.vocab_size = 248320"]),
     ("top-level-mask-token", lambda d: d.update(mask_token_id=248400) or d["dflash_config"].pop(
-        "mask_token_id"), None, {}, "FAIL", "dflash", "draft",
+        "mask_token_id"), None, {}, "FAIL", "spec-mask-token", "draft",
      ["config.json: mask_token_id = 248400 is not below the target's text_config.vocab_size"]),
     ("hidden-size", _set(("hidden_size",), 4096), None, {}, "FAIL", "dflash", "draft",
      ["hidden_size = 4096 differs from the target's text_config.hidden_size = 5120"]),
@@ -136,11 +125,11 @@ BROKEN = [
      ["target_hidden_size = 4096 differs"]),
     ("too-many-spec-tokens", None, None,
      {"spec_tokens": {"value": 16, "key": "server.args.speculative-config.num_speculative_tokens",
-                      "over": 0}}, "WARN", "dflash", "draft",
+                      "over": 0}}, "WARN", "spec-draft-length", "draft",
      ["server.args.speculative-config.num_speculative_tokens = 16 is more than 15, the most the "
-      "drafter's block_size = 16 allows", "set it to 15"]),
-    ("draft-no-config", lambda d: None, None, {"draft_missing": True}, "FAIL", "config", "draft",
-     ["does not exist (server.args.speculative-config.model = "]),
+      "drafter's block_size = 16 allows", "fix: set server.args.speculative-config.num_speculative_tokens = 15"]),
+    ("draft-no-config", lambda d: None, None, {"draft_missing": True}, "FAIL", "spec-drafter-config",
+     "draft", ["config.json is missing", "(server.args.speculative-config.model)"]),
     ("target-bad-json", None, None, {"target_text": '{"architectures": ['}, "FAIL", "config", "target",
      ["not valid JSON"]),
     ("target-not-object", None, None, {"target_text": "[1, 2]"}, "FAIL", "config", "target",
@@ -181,7 +170,7 @@ def test_broken_variant_is_reported_naming_file_and_key(tmp_path, case):
     req = request(tmp_path, target=target, draft=draft, v2_runner=True, **over)
     if keys:
         req["keys"] = keys
-    records = host.run(req)
+    records = preflight(req)
     bad = [r for r in records if r["status"] != "OK"]
     assert len(bad) == 1, records
     [rec] = bad

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from tasks.errors import ExitCode, ProfileError
 from tasks.profile.types import JsonTable, Secret
+from helpers import KEYS, VLLM, tomlish
 from tasks.profile import find_default_profile, load_profile, resolve_profile_path
 from tasks.profile.toml_text import dumps
 
@@ -22,7 +23,6 @@ pytestmark = pytest.mark.filterwarnings("error")  # the loader must be warning-f
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
-VLLM = '[server]\nengine = "vllm"\nmodel = "/m"\n'
 ENV = {"HF_TOKEN": "hf_S3CRET-value-never-shown", "PATH": "/usr/bin"}
 
 
@@ -334,23 +334,6 @@ def test_toml_writer_special_floats():
     assert back["a"] == math.inf and back["b"] == -math.inf and math.isnan(back["c"])
 
 
-SECTIONS = ["", "[server]", "[server.args]", "[server.env]", "[target]", "[ready]", "[gpu]",
-            "[cluster]", "[server.args.speculative-config]", "[[server.args.x]]", "[oops]"]
-KEYS = ["engine", "model", "port", "host", "command", "python", "files", "args", "env", "hosts",
-        "name", "workdir", "keep_releases", "timeout", "poll_interval", "health_path", "models_path",
-        "served_name", "devices", "min_free_mib", "nvidia_smi", "backend", "workers", "ray_port",
-        "head_address", "tensor-parallel-size", "tensor_parallel_size", "speculative-config",
-        "foo-config", "HF_TOKEN", "from_env", "extends", '"a.b"', '"-x"', "server", "target"]
-VALUES = ['"vllm"', '"sglang"', '"command"', '""', '"\\u0000"', "8000", "0", "-1", "99999",
-          "1.5", "nan", "-inf", "true", "false", "1979-05-27T07:32:00Z", "07:32:00", "1979-05-27",
-          "[]", "[1, 1]", '["local", "h"]', "[[1], [2]]", "[{ a = 1 }]", '{ from_env = "HF_TOKEN" }',
-          '{ from_env = "UNSET_VAR_X" }', '{ method = "dflash", n = 15 }', "'{bad json'",
-          """'{"a": [1, {"b": null}]}'""", '"../x"', '"~/ok"', '"/abs"', '"b.toml"', '"p.toml"',
-          '"missing.toml"', "{}", '["x.py"]', '"/health"', "9" * 30]
-line = st.tuples(st.sampled_from(KEYS), st.sampled_from(VALUES)).map(lambda kv: f"{kv[0]} = {kv[1]}")
-section = st.tuples(st.sampled_from(SECTIONS), st.lists(line, max_size=5)).map(
-    lambda s: "\n".join([s[0]] + s[1]))
-tomlish = st.lists(section, max_size=6).map("\n".join)
 
 
 def _fuzz(tmp_dir, docs):

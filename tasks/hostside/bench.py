@@ -201,4 +201,39 @@ def op_bench(req):
             "before": before, "after": after}
 
 
-OPS = {"metrics": op_metrics, "bench": op_bench}
+def op_smoke(req):
+    """One 1-token completion (rolling deploys' --smoke): the served model really generates.
+
+    Not streamed: the answer's usage says how many tokens came back. Raises HostError
+    (kind smoke_failed) naming what the server said instead."""
+    import urllib.error  # here, not at the top: see probe.http_get
+    import urllib.request
+    host, port = probe_host(req.get("host", "127.0.0.1")), req["port"]
+    headers = {"Content-Type": "application/json"}
+    if req.get("api_key"):
+        headers["Authorization"] = "Bearer " + req["api_key"]
+    body = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    body["model"] = req.get("model") or _first_model(host, port, req.get("models_path"), headers)
+    url = "http://%s:%d/v1/completions" % (host, port)
+    t0 = time.monotonic()
+    try:
+        r = urllib.request.urlopen(urllib.request.Request(url, data=json.dumps(body).encode(),
+                                                          headers=headers, method="POST"),
+                                   timeout=float(req.get("request_timeout") or 120))
+        with r:
+            answer = json.loads(r.read(1 << 20))
+        choice = answer["choices"][0]
+        tokens = (answer.get("usage") or {}).get("completion_tokens")
+        if not isinstance(choice.get("text"), str) or (tokens is not None and tokens < 1):
+            raise ValueError("no token generated: %s" % json.dumps(answer)[:ERROR_TEXT])
+    except urllib.error.HTTPError as e:
+        text = (e.read(ERROR_TEXT) if e.fp else b"").decode("utf-8", "replace").strip()
+        raise HostError("POST %s answered HTTP %d: %s" % (url, e.code, text), kind="smoke_failed")
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+        raise HostError("POST %s failed: %s: %s" % (url, type(e).__name__, getattr(e, "reason", e)),
+                        kind="smoke_failed")
+    return {"model": body["model"], "text": choice["text"], "completion_tokens": tokens,
+            "seconds": time.monotonic() - t0}
+
+
+OPS = {"metrics": op_metrics, "bench": op_bench, "smoke": op_smoke}

@@ -75,15 +75,15 @@ def scan_fds(proc_root=PROC):
 
 
 def proc_info(pid, proc_root=PROC):
-    """{pid, start, user, command, comm} or None when the pid does not exist here."""
+    """{pid, start, pgid, user, command, comm} or None when the pid does not exist here."""
     stat = _read(os.path.join(proc_root, str(pid), "stat"))
     if stat is None:
         return None
     try:
         fields = stat.rsplit(")", 1)[1].split()
-        start = int(fields[19])
+        start, pgid = int(fields[19]), int(fields[2])
     except (IndexError, ValueError):
-        start = None
+        start = pgid = None
     uid = None
     for line in (_read(os.path.join(proc_root, str(pid), "status")) or "").splitlines():
         if line.startswith("Uid:"):
@@ -91,7 +91,7 @@ def proc_info(pid, proc_root=PROC):
     raw = _read(os.path.join(proc_root, str(pid), "cmdline"), "rb") or b""
     command = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
     comm = (_read(os.path.join(proc_root, str(pid), "comm")) or "").strip()
-    return {"pid": pid, "start": start, "user": _user(uid), "command": command or "[%s]" % comm,
+    return {"pid": pid, "start": start, "pgid": pgid, "user": _user(uid), "command": command or "[%s]" % comm,
             "comm": comm}
 
 

@@ -8,7 +8,7 @@ import platform
 import shutil
 import sys
 
-from . import gpu, modelcheck, probe
+from . import gpu, modelcheck, probe, specdoctor
 from .common import group_members
 
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
@@ -127,6 +127,7 @@ def run(req):
     checks = [check_python(), check_engine(req["engine"], req.get("argv0"))]
     checks += check_paths(req.get("paths", []))
     checks += modelcheck.run(req.get("models"))
+    checks += specdoctor.checks(specdoctor.run(req.get("doctor"))[1])  # rules of specrules.py
     checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
     if req.get("deploy_dir"):
         checks.append(check_disk(req["deploy_dir"]))

@@ -11,7 +11,8 @@ from .args import flag_key, read_args, read_env
 from .check import REQUIRED, no_nul_or_dates
 
 TOP_KEYS = ("extends", "target", "server", "ready", "gpu", "cluster")
-TARGET_KEYS = ("hosts", "name", "workdir", "keep_releases")
+TOP_KEYS += ("check",)  # [check] accept: tasks/profile/checktable.py
+TARGET_KEYS = ("hosts", "name", "workdir", "keep_releases", "rolling")
 SERVER_KEYS = ("engine", "python", "model", "host", "port", "command", "files", "args", "env")
 READY_KEYS = ("timeout", "poll_interval", "health_path", "models_path", "served_name")
 GPU_KEYS = ("devices", "min_free_mib", "nvidia_smi")
@@ -49,7 +50,9 @@ def _target(ck, t, default_name):
                      f"{NAME_RULE} (the default is the profile's file name; set [target] name)")
     workdir = ck.get(t, p, "workdir", _workdir, "~/llmfab")
     keep = ck.get(t, p, "keep_releases", lambda c, v, q: c.integer(v, q, lo=2), 5)
-    return Target(hosts=hosts, name=name, workdir=workdir, keep_releases=keep)
+    # deploy in batches of this many hosts (tasks/rolling.py); None: all at once
+    rolling = ck.get(t, p, "rolling", lambda c, v, q: c.integer(v, q, lo=1), None)
+    return Target(hosts=hosts, name=name, workdir=workdir, keep_releases=keep, rolling=rolling)
 
 
 def _name(ck, v, path, rule):

@@ -5,6 +5,8 @@ Mappings are kept as tuples of (key, value) pairs in file order so the objects
 stay hashable and immutable; `dict(pairs)` gives a plain dict when needed.
 """
 from dataclasses import dataclass, field
+
+from .checktable import CheckCfg
 from pathlib import Path
 from typing import Optional, Tuple, Union
 
@@ -48,6 +50,7 @@ class Target:
     name: str                        # deployment name: [A-Za-z0-9._-], not "." / ".."
     workdir: str                     # on the host; "~" allowed at the start
     keep_releases: int = 5
+    rolling: Optional[int] = None    # deploy in batches of N hosts (tasks/rolling.py); None: all at once
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,7 @@ class Profile:
     resolved_toml: str                           # merged profile as TOML, secrets redacted; saved in each release
     digest: str                                  # sha256 of resolved_toml (first 12 hex digits shown)
     sources: Tuple[Path, ...] = ()               # the files read: the given one first, then each it extends
+    check: CheckCfg = CheckCfg()                 # [check] accept = [doctor rule ids]
 
     @property
     def served_name(self):

@@ -26,7 +26,7 @@ ARGV = [
     '65536',
     '--gpu-memory-utilization',
     '0.92',
-    '--enable-prefix-caching',
+    '--no-enable-prefix-caching',
     '--served-model-name',
     'qwen3.6-27b',
     '--speculative-config',

@@ -44,8 +44,12 @@ def _dist_info(site, name, version, top_level, entry_points=""):
     (info / "RECORD").write_text("".join("%s,,\n" % f for f in files) + "%s/RECORD,,\n" % info.name)
 
 
-def build_ml_env(dest, *, python=SYSTEM_PYTHON):
+def build_ml_env(dest, *, python=SYSTEM_PYTHON, vllm_version=VLLM_VERSION):
     """Create the stand-in engine venv at `dest` (idempotent); returns its python path.
+
+    `vllm_version` is the stand-in vLLM's version (package metadata and vllm.__version__);
+    its speculative decoding behaves like that real version's (tests/standins/specversions.py),
+    so several envs side by side stand for several vLLM releases.
 
     The venv uses the system interpreter (no pip, quick to make). Built in a temporary
     directory and renamed into place, so a half-built env is never seen.
@@ -64,6 +68,9 @@ def build_ml_env(dest, *, python=SYSTEM_PYTHON):
     for pkg in ("vllm", "sglang"):
         shutil.copytree(HERE / "site" / pkg, site / pkg,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    nums = tuple(int(x) for x in vllm_version.split(".")[:3])
+    (site / "vllm" / "version.py").write_text(
+        "__version__ = %r\n__version_tuple__ = %r\n" % (vllm_version, nums))
     helper = site / "llmfab_standin"
     helper.mkdir()
     (helper / "__init__.py").write_text(
@@ -71,7 +78,8 @@ def build_ml_env(dest, *, python=SYSTEM_PYTHON):
     shutil.copy2(REPO / "configs" / "demo_server.py", helper / "demo_server.py")
     shutil.copy2(HERE / "nvidia_smi.py", helper / "nvidia_smi.py")
     shutil.copy2(HERE / "engine.py", helper / "engine.py")
-    _dist_info(site, "vllm", VLLM_VERSION, "vllm",
+    shutil.copy2(HERE / "specversions.py", helper / "specversions.py")
+    _dist_info(site, "vllm", vllm_version, "vllm",
                "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n")
     _dist_info(site, "sglang", SGLANG_VERSION, "sglang")
     script = tmp / "bin" / "vllm"

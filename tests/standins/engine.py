@@ -15,9 +15,15 @@ Knobs (environment variables, set by tests through the profile's [server.env]):
     STANDIN_IGNORE_TERM    1: server and child ignore SIGTERM
     STANDIN_READY_FILE     write time.time() there when the port opens
     STANDIN_FATAL_FILE     write time.time() there when the fatal line is printed
-    STANDIN_ACCEPT_RATE    speculative acceptance rate (0.62)
+    STANDIN_ACCEPT_RATE    speculative acceptance rate (0.62); the stand-in vLLM's version may
+                           lower it as that release does (specversions.py: STANDIN_BROKEN_ACCEPT,
+                           STANDIN_PREFIX_HIT_RATE)
     STANDIN_TOKENS_PER_S   generation speed per request (200)
     STANDIN_LOG_INTERVAL   seconds between throughput / SpecDecoding log lines (10)
+    STANDIN_FAIL_FILE      a path on the host: if that file exists, its first word is the
+                           STANDIN_FAIL mode (one profile, a fault on some hosts only)
+    STANDIN_EVENTS_FILE    append one JSON line {event, t, pid, release} there at start,
+                           ready, stop and exit (fleet tests count hosts not ready)
 
 Running this module (`python -m llmfab_standin.engine`) is the engine child.
 """
@@ -42,7 +48,7 @@ class Knobs:
     def __init__(self, environ=None):
         env = os.environ if environ is None else environ
         self.load_seconds = float(env.get("STANDIN_LOAD_SECONDS", "0.3"))
-        self.fail = env.get("STANDIN_FAIL") or None
+        self.fail = env.get("STANDIN_FAIL") or fail_from_file(env.get("STANDIN_FAIL_FILE")) or None
         if self.fail is not None and self.fail not in FAIL_MODES:
             raise SystemExit("STANDIN_FAIL=%r: expected one of %s" % (self.fail, ", ".join(FAIL_MODES)))
         self.death_after = float(env.get("STANDIN_DEATH_AFTER", "1"))
@@ -54,6 +60,34 @@ class Knobs:
         self.accept_rate = float(env.get("STANDIN_ACCEPT_RATE", "0.62"))
         self.tokens_per_s = float(env.get("STANDIN_TOKENS_PER_S", "200"))
         self.log_interval = float(env.get("STANDIN_LOG_INTERVAL", "10"))
+        self.events_file = env.get("STANDIN_EVENTS_FILE") or None
+
+
+def fail_from_file(path):
+    """The fail mode a per-host file names (its first word), or None if there is no file."""
+    if not path:
+        return None
+    try:
+        with open(path) as f:
+            words = f.read().split()
+    except OSError:
+        return None
+    return words[0] if words else None
+
+
+def record_event(path, event):
+    """Append {event, t, pid, release} to `path` (one write, O_APPEND: lines never interleave).
+
+    `release` is the cwd's name (the launcher runs the server in its release directory)."""
+    if not path:
+        return
+    line = json.dumps({"event": event, "t": time.time(), "pid": os.getpid(),
+                       "release": os.path.basename(os.getcwd())}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
 
 
 def stamp_file(path):

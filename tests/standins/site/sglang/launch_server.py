@@ -140,8 +140,12 @@ def main(argv=None):
                                 "2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
                                 "1.13 GiB is free.")
     if knobs.fail == "engine_init":
+        # SGLang 0.5 srt/mem_cache/pool_configurator.py MemoryPoolConfig.__post_init__
+        # names the value it had, when one was given.
+        current = ("" if args.mem_fraction_static is None else
+                   " Current value: mem_fraction_static=%s" % args.mem_fraction_static)
         return scheduler_failed("RuntimeError: Not enough memory. Please try to increase "
-                                "--mem-fraction-static.")
+                                "--mem-fraction-static." + current)
     _log("KV Cache is allocated. #tokens: 400000, K size: 24.41 GB, V size: 24.41 GB", tp=0)
     _log("Capture cuda graph begin. This can take up to several minutes. avail mem=13.87 GB",
          tp=0)

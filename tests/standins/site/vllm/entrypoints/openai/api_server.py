@@ -12,9 +12,10 @@ import time
 
 import vllm
 from llmfab_standin import demo_server as http
+from vllm import config_checks
 from llmfab_standin.engine import (EngineChild, GpuHold, Knobs, Lifecycle, gpu_free_mib,
-                                   jsonable, new_engine, periodic, stamp_file, visible_gpus,
-                                   write_received)
+                                   jsonable, new_engine, periodic, record_event, stamp_file,
+                                   visible_gpus, write_received)
 from vllm.logger import lines, log, set_process
 
 HERE = os.path.dirname(os.path.abspath(vllm.__file__))
@@ -58,6 +59,7 @@ class Server:
 
     # -- failures -----------------------------------------------------------------------
     def _exit(self, code):
+        record_event(self.knobs.events_file, "exit")
         if self.child is not None:
             self.child.stop()
         if self.hold is not None:
@@ -102,6 +104,7 @@ class Server:
     # -- start-up -----------------------------------------------------------------------
     def run(self):
         a, k = self.args, self.knobs
+        record_event(k.events_file, "start")
         log("vLLM API server version %s" % vllm.__version__, "api_server.py:1885")
         log("non-default args: %s" % _non_default(a, self.defaults), "utils.py:233")
         host = a.host or "0.0.0.0"
@@ -129,6 +132,9 @@ class Server:
                 "   - For Hugging Face models: ensure the presence of a 'config.json'.\n" % model)
         served = list(a.served_model_name or [model])
         spec = a.speculative_config
+        cfg = config_checks.text_config(model)  # vLLM validates the model's config first
+        config_checks.check_max_model_len(a, cfg, self.api_traceback, HERE)
+        config_checks.check_heads(a, cfg, self.api_traceback, HERE)
         log("Resolved architecture: Qwen3ForCausalLM", "model.py:547")
         log("Using max model len %d" % (a.max_model_len or 40960), "model.py:1510")
         spec_k = self._check_spec(spec)
@@ -205,6 +211,7 @@ class Server:
                 "cache memory (9.47 GiB). Based on the available memory, the estimated maximum "
                 "model length is 155072. Try increasing `gpu_memory_utilization` or decreasing "
                 "`max_model_len` when initializing the engine.")
+        config_checks.check_kv_cache(a, cfg, self.engine_init_failed)
         clog("Available KV cache memory: 61.25 GiB", "gpu_worker.py:298")
         clog("GPU KV cache size: 501,760 tokens", "kv_cache_utils.py:1087")
         self._sleep(0.2)
@@ -222,6 +229,12 @@ class Server:
         method = spec.get("method") if isinstance(spec, dict) else None
         known = method in SPEC_METHODS or (isinstance(method, str) and method.endswith("_mtp"))
         n = spec.get("num_speculative_tokens", 1) if isinstance(spec, dict) else None
+        from llmfab_standin import specversions  # each version's speculative decoding
+        old_method = specversions.unknown_method_error(method) if isinstance(spec, dict) else None
+        if old_method:
+            self.api_traceback(
+                [(os.path.join(HERE, "engine/arg_utils.py"), 1412, "create_speculative_config",
+                  "return SpeculativeConfig(**self.speculative_config)")], old_method)
         if not isinstance(spec, dict) or not known or not isinstance(n, int) or n < 1:
             problem = ("Input should be a valid integer" if not isinstance(n, int)
                        else "Unsupported speculative method %r" % (method,))
@@ -234,17 +247,17 @@ class Server:
         return n
 
     def _check_dflash(self, spec, clog):
-        if spec.get("method") != "dflash" or os.environ.get("VLLM_USE_V2_MODEL_RUNNER") == "1":
-            return
-        try:
-            with open(os.path.join(spec.get("model") or "", "config.json")) as f:
-                layer_types = set(json.load(f).get("layer_types") or ())
-        except (OSError, ValueError):
-            return
-        if {"sliding_attention", "full_attention"} <= layer_types:
-            self.engine_init_failed(
-                "NotImplementedError: DFlash drafters with mixed sliding/full attention "
-                "require the V2 model runner")
+        """What this stand-in version does with the drafter (llmfab_standin.specversions)."""
+        from llmfab_standin.specversions import Drafter
+        self.drafter = Drafter(spec)
+        stop = self.drafter.refusal()
+        if stop and stop[0] == "config":  # vllm/config/vllm.py, before the engine starts
+            self.api_traceback([(os.path.join(HERE, "config/vllm.py"), 3335,
+                                 "_validate_v1_model_runner", "raise ValueError(")], stop[1])
+        if stop:
+            self.engine_init_failed(stop[1])
+        for message, where in self.drafter.log_lines():
+            clog(message, where)
 
     def _compile_forever(self, clog):
         step = 0
@@ -260,6 +273,13 @@ class Server:
     def _serve(self, sock, served, spec_k):
         a, k = self.args, self.knobs
         engine = new_engine(served, k, spec_k)
+        drafter = getattr(self, "drafter", None)
+        if drafter is not None and engine.spec is not None:  # llmfab_standin.specversions
+            from llmfab_standin.specversions import add_prefix_counters
+            caching = a.enable_prefix_caching is not False
+            engine.spec.rate = min(1.0, max(0.0, drafter.accept_rate(k.accept_rate, caching)))
+            if drafter.method == "dflash":
+                add_prefix_counters(engine.metrics, caching)
         api_key = (a.api_key or [None])[0]
         state = http.ServerState(engine, served, api_key=api_key, version=vllm.__version__,
                                  log_prefix=self.api,
@@ -268,6 +288,7 @@ class Server:
             "api_server.py:1912")
         server = http.start_http(state, sock)
         stamp_file(k.ready_file)
+        record_event(k.events_file, "ready")
         lines(self.api, "INFO:     Started server process [%d]\nINFO:     Waiting for application "
               "startup.\nINFO:     Application startup complete." % os.getpid())
         stats_stop = self.life.stop_requested
@@ -345,6 +366,7 @@ class Server:
         self._shutdown_and_exit(server, code=0)
 
     def _shutdown_and_exit(self, server=None, code=0):
+        record_event(self.knobs.events_file, "stop")
         if server is not None:
             log("Shutting down FastAPI HTTP server.", "launcher.py:110")
             lines(self.api, "INFO:     Shutting down")

@@ -1,0 +1,186 @@
+"""Values the failure rules' templates name that the log line alone does not hold.
+
+`VALUES[name](values, readings)` computes `{name}` from the matched groups (`values`)
+and the readings (profile, server record, exit status, host calls); None means
+unknown (shown as '?'). Each is computed at most once per explanation.
+"""
+import math
+import re
+import shlex
+
+
+def _arg(readings, name):
+    """A [server.args] value by flag name, spelled with dashes or underscores."""
+    server = getattr(readings.profile, "server", None)
+    for key, value in getattr(server, "args", ()):
+        if key.replace("_", "-") == name:
+            return value
+    return None
+
+
+def _fab(readings, task):
+    path = getattr(readings.profile, "path", None)
+    return f"fab {task}" + (f" --profile {shlex.quote(str(path))}" if path else "")
+
+
+def _num(text):
+    return float(str(text).replace(",", ""))
+
+
+def gpu_util(v, r):
+    u = _arg(r, "gpu-memory-utilization")
+    return f"{u}" if u is not None else "unset, i.e. vLLM's default 0.9"
+
+
+def tp(v, r):
+    return str(_arg(r, "tensor-parallel-size") or 1)
+
+
+def tp_fit(v, r):
+    heads, want = int(v["heads"]), int(v["tp"])
+    return str(max(d for d in range(1, want + 1) if heads % d == 0))
+
+
+def util_fit(v, r):
+    free, total = _num(v["free"]), _num(v["total"])
+    return f"{max(0.05, math.floor(free / total * 100 - 2) / 100):.2f}"
+
+
+def cuda_index(v, r):
+    """The host's GPU index of `cuda:N` (N counts the GPUs CUDA_VISIBLE_DEVICES selects)."""
+    m = re.match(r"cuda:(\d+)$", v.get("device") or "cuda:0")
+    n = int(m.group(1)) if m else 0
+    server = getattr(r.profile, "server", None)
+    cvd = dict(getattr(server, "env", ())).get("CUDA_VISIBLE_DEVICES")
+    if isinstance(cvd, str):
+        ids = [t.strip() for t in cvd.split(",") if t.strip()]
+        if n < len(ids) and ids[n].isdigit():
+            return int(ids[n])
+    devices = getattr(getattr(r.profile, "gpu", None), "devices", None)
+    if devices and n < len(devices):
+        return devices[n]
+    return n
+
+
+def _holders(v, r):
+    """Processes on that GPU other than this server's own (its process group)."""
+    if "_holders" in r.cache:
+        return r.cache["_holders"]
+    procs = []
+    if r.gpu_procs is not None:
+        index, pgid = v["gpu_index"], (r.server or {}).get("pgid")
+        try:
+            survey = r.gpu_procs() or {}
+        except Exception as e:  # a reading that fails must not hide the failure itself
+            survey = {"error": f"{type(e).__name__}: {e}"}
+        for p in survey.get("procs") or ():
+            if pgid is not None and p.get("pgid") == pgid:
+                continue
+            on = [g for g in p.get("gpus") or () if g.get("index") == index]
+            if on and not p.get("spared"):
+                procs.append(dict(p, mib=on[0].get("used_mib")))
+    r.cache["_holders"] = procs
+    return procs
+
+
+def holders(v, r):
+    procs = _holders(v, r)
+    if r.gpu_procs is None:
+        return "which processes hold it was not read"
+    if not procs:
+        return f"no other process is listed on GPU {v['gpu_index']} now"
+    return "held by " + ", ".join(
+        f"pid {p['pid']} ({p['command'][:60]}"
+        + (f", {p['mib']} MiB" if p.get("mib") is not None else "") + ")" for p in procs[:4])
+
+
+def free_it(v, r):
+    procs = _holders(v, r)
+    kill = _fab(r, f"kill-gpu-procs --gpus {v['gpu_index']}")
+    if procs:
+        pids = ", ".join(str(p["pid"]) for p in procs[:4])
+        return f"free GPU {v['gpu_index']} of pid {pids}: `{kill}` (check first with `--dry-run`)"
+    return f"see what holds GPU {v['gpu_index']} with `{kill} --dry-run`"
+
+
+def alloc_text(v, r):
+    alloc = v.get("alloc")
+    gpu = v.get("gpu") or v.get("gpu_old")
+    if not alloc:
+        return ""
+    return f" (tried to allocate {alloc}" + (f" on GPU {gpu})" if gpu else ")")
+
+
+def mem_fraction(v, r):
+    value = _arg(r, "mem-fraction-static")
+    return None if value is None else str(value)
+
+
+def mem_fraction_next(v, r):
+    try:
+        return f"{min(0.95, float(v['mem_fraction']) + 0.05):.2f}"
+    except ValueError:
+        return "a larger value, e.g. 0.85"
+
+
+def port(v, r):
+    zmq = v.get("zmq_addr")
+    if zmq and ":" in zmq:
+        return zmq.rsplit(":", 1)[1]
+    server = getattr(r.profile, "server", None)
+    return str(getattr(server, "port", None) or (r.server or {}).get("port") or "?")
+
+
+def zmq_note(v, r):
+    addr = v.get("zmq_addr")
+    return f" (an engine-internal ZMQ socket, {addr})" if addr else ""
+
+
+def port_fix(v, r):
+    if v.get("zmq_addr"):
+        return ("an earlier engine process probably still holds it: find it with "
+                f"`{_fab(r, 'kill-gpu-procs --dry-run')}` and end it, then deploy again")
+    return (f"stop what listens on port {v['port']} (`ss -ltnp 'sport = :{v['port']}'` on the host "
+            "names it) or set `server.port` to a free port")
+
+
+def repo(v, r):
+    m = re.match(r"https?://huggingface\.co/([^/]+/[^/]+)", v.get("url") or "")
+    return m.group(1) if m else getattr(getattr(r.profile, "server", None), "model", None)
+
+
+def hf_token_fix(v, r):
+    env = dict(getattr(getattr(r.profile, "server", None), "env", ()))
+    has = [k for k in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN") if k in env]
+    url = f"https://huggingface.co/{v['repo']}"
+    if has:
+        return (f"the token in [server.env] {has[0]} cannot read it: accept the model's terms at {url} "
+                "with that token's account, or give the server a token that has access")
+    return (f"ask for access at {url}, then give the server a token: [server.env] HF_TOKEN = "
+            "{ from_env = \"HF_TOKEN\" }")
+
+
+def script(v, r):
+    cmd = getattr(getattr(r.profile, "server", None), "command", ()) or ()
+    scripts = [c for c in cmd if c.endswith(".py")]
+    return f"`{scripts[0]}`" if scripts else "the server's script"
+
+
+VALUES = {
+    "derived_int": lambda v, r: str(int(_num(v["derived"]))),
+    "estimated_int": lambda v, r: str(int(_num(v["estimated"]))),
+    "gpu_util": gpu_util, "tp": tp, "tp_fit": tp_fit, "util_fit": util_fit,
+    "gpu_index": cuda_index, "device": lambda v, r: "cuda:0 (unnamed in this version)",
+    "holders": holders, "free_it": free_it, "alloc_text": alloc_text,
+    "mem_fraction": mem_fraction, "mem_fraction_next": mem_fraction_next,
+    "port": port, "zmq_note": zmq_note, "port_fix": port_fix,
+    "repo": repo, "hf_token_fix": hf_token_fix, "script": script,
+    "profile_model": lambda v, r: getattr(getattr(r.profile, "server", None), "model", None),
+    "model": lambda v, r: getattr(getattr(r.profile, "server", None), "model", None),
+    "fab_dry": lambda v, r: _fab(r, "kill-gpu-procs --dry-run"),
+    "fab_tail": lambda v, r: _fab(r, "tail-log"),
+    "original": lambda v, r: "no allocation figure logged",
+    "allowed": lambda v, r: "see the host's `vllm serve --help=speculative-config`",
+    "gpu_name": lambda v, r: "",
+    "detail": lambda v, r: "see the lines below",
+}

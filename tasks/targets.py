@@ -1,0 +1,149 @@
+"""`fab targets [--out FILE]`: where Prometheus finds every running deployment's /metrics.
+
+The document is Prometheus' file_sd format, one entry per host where the profile's
+deployment runs:
+
+    [{"targets": ["10.0.0.5:8000"],
+      "labels": {"llmfab_deployment": "qwen", "llmfab_release": "20250101T120000Z",
+                 "llmfab_engine": "vllm", "llmfab_model": "Qwen3", "llmfab_host": "gpu-1"}}]
+
+HOST is the address the server's port is reachable at: the ssh config's HostName for the
+host (what Fabric resolves `-H gpu-1` to), 127.0.0.1 for `local`. PORT, the release, the
+engine and the served model are those of the release that runs now (its saved
+profile.toml: after a rollback they may differ from the profile given). Hosts that are
+down, not deployed or not running are left out and named on stderr; exit 3 if one could
+not be reached, the document is written all the same. `--out FILE` replaces FILE in one
+rename (a temporary file beside it first), so Prometheus never reads half a document;
+without it the document goes to stdout and everything else to stderr.
+"""
+import json
+import os
+import sys
+import tempfile
+
+from .errors import ExitCode, UsageError
+from .fanout import HostResult, run_all, worst
+
+WILDCARDS = ("0.0.0.0", "::", "", "localhost")
+
+
+def address(host, server_host):
+    """HOST of HOST:PORT: the ssh config's HostName, or for `local` where the server listens."""
+    if host.local:
+        name = "127.0.0.1" if server_host in WILDCARDS else server_host
+    else:
+        host.connect()
+        name = host.cxn.host
+    return f"[{name}]" if ":" in name and not name.startswith("[") else name
+
+
+def loopback(server_host):
+    return server_host in ("localhost", "::1") or server_host.startswith("127.")
+
+
+def entry(addr, port, labels):
+    return {"targets": [f"{addr}:{port}"], "labels": labels}
+
+
+def running_entry(host, profile, reporter):
+    """(file_sd entry or None, why it was left out)."""
+    from .deploy import deploy_dir
+    from .releases import saved_profile
+    ddir = deploy_dir(profile)
+    host.start()
+    st = host.call("state", deploy_dir=ddir)
+    server = st.get("server")
+    if not server:
+        return None, f"not deployed here ({ddir})"
+    if not st.get("alive"):
+        return None, f"not running (release {server.get('release')})"
+    text = host.call("release_profile", deploy_dir=ddir, release=server["release"])["profile_toml"]
+    ran = saved_profile(text, profile)
+    model = ran.served_name or ran.server.model or ""
+    if loopback(ran.server.host) and not host.local:
+        reporter.line(host.name, f"note: the server listens on {ran.server.host} only: Prometheus "
+                                 "must scrape it from that host (or set [server] host = \"0.0.0.0\")")
+    labels = {"llmfab_deployment": profile.target.name, "llmfab_release": server["release"],
+              "llmfab_engine": ran.server.engine, "llmfab_model": model,
+              "llmfab_host": host.name}
+    port = server.get("port") or ran.server.port
+    return entry(address(host, ran.server.host), port, labels), None
+
+
+def out_path(value):
+    """--out as an absolute path whose directory exists (else UsageError: nothing is done)."""
+    path = os.path.abspath(os.path.expanduser(str(value)))
+    if os.path.isdir(path):
+        raise UsageError(f"--out {value}: is a directory; name the file, e.g. {path}/llmfab.json")
+    if not os.path.isdir(os.path.dirname(path)):
+        raise UsageError(f"--out {value}: the directory {os.path.dirname(path)} does not exist")
+    return path
+
+
+def write_atomically(path, text):
+    """Replace `path` with `text` in one rename; the file is 0644 (Prometheus reads it)."""
+    path = out_path(path)
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(prefix=".llmfab-targets-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def gather(hosts, profile, reporter, run):
+    """Entries in host order; `run(op)` runs op(host) -> HostResult on every host."""
+    found = {}
+
+    def op(host):
+        got, why = running_entry(host, profile, reporter)
+        if got is None:
+            reporter.line(host.name, f"left out: {why}")
+            return HostResult(host.name, ExitCode.OK, f"left out: {why}")
+        found[host.name] = got
+        return HostResult(host.name, ExitCode.OK, got["targets"][0])
+
+    results = run(op)
+    for r in results:
+        if r.code and r.host not in found:
+            reporter.line(r.host, "left out: " + r.summary)
+    return [found[h] for h in hosts if h in found], results
+
+
+def render(entries):
+    return json.dumps(entries, indent=2, ensure_ascii=False) + "\n"
+
+
+def targets(c, opts):
+    """Body of `fab targets` (opts: tasks.options.TargetsOptions)."""
+    from .errors import TaskFailed
+    from .report import Reporter
+    from .runner import host_kwargs, hosts_for, load
+    profile = load(c, opts.profile)
+    if opts.out:
+        out_path(opts.out)  # bad input: before any host is touched
+    hosts = hosts_for(c, profile)
+    reporter = Reporter(hosts, json_mode=True)  # human text on stderr: stdout is the document
+    kwargs = host_kwargs(c, profile, opts)
+    entries, results = gather(hosts, profile, reporter, lambda op: run_all(
+        hosts, op, parallel=opts.parallel, reporter=reporter, host_kwargs=kwargs))
+    text = render(entries)
+    if opts.out:
+        path = write_atomically(opts.out, text)
+        reporter.line("", f"wrote {len(entries)} target(s) of {len(hosts)} host(s) to {path}")
+    else:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    code = worst(r.code for r in results)
+    if code:
+        raise TaskFailed(int(code))
