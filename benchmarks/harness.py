@@ -179,8 +179,9 @@ class Bench:
                            text=True, errors="replace", timeout=300, preexec_fn=join)
         wall = time.perf_counter() - t0
         if r.returncode != 0:
-            raise RunFailed("%s exited %d:\n%s\n%s" % (" ".join(map(str, argv[:4])), r.returncode,
-                                                       r.stdout[-2000:], r.stderr[-2000:]))
+            errors = [l for l in r.stdout.splitlines() if "error" in l.lower()][:10]
+            raise RunFailed("%s exited %d:\n%s\n%s\n%s" % (" ".join(map(str, argv[:4])), r.returncode,
+                                                           "\n".join(errors), r.stdout[-2000:], r.stderr[-2000:]))
         if after:
             after()
         if expect_launch:
