@@ -129,3 +129,22 @@ def test_hints_match_line_by_line_and_none_means_any_line(release, sleeper):
     assert quiet["why"] == "timeout" and quiet["log"]["text"].count("\n") == 2
     bad = [[r"(?P<x", 0]]  # what a host's older Python could not compile: any line answers
     assert watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=bad))["why"] == "hint"
+
+
+def test_the_hints_are_logscans_rules_so_a_fatal_line_answers_early(release, sleeper):
+    """The client sends logscan's own patterns (tasks/failrules): a line its scanner calls
+    fatal makes the agent answer at once, and the scanner then names it."""
+    from tasks.logscan import LogScanner
+    from tasks.wait import fatal_hints
+    ddir, rdir = release
+    line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    (rdir / "server.log").write_text("Loading weights\n" + line)
+    out = watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=fatal_hints()))
+    assert out["why"] == "hint"
+    scanner = LogScanner()
+    assert scanner.feed(out["log"]["text"], final=True) is not None
+    with open(rdir / "server.log", "a") as f:
+        f.write("INFO 12-01 08:00:00 [loader.py:1] Loading safetensors checkpoint shards: 50%\n")
+    healthy = watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=fatal_hints(), wait_s=0.2,
+                                 log_offset=out["log"]["offset"]))
+    assert healthy["why"] == "timeout" and "safetensors" in healthy["log"]["text"]
