@@ -103,6 +103,16 @@ class Bench:
             'host = "127.0.0.1"', "port = %d" % LAUNCH_PORT,
             "[ready]", 'models_path = ""'])
 
+    def bashrc(self, on):
+        """Give every lab host root's ~/.bashrc (as copied by the lab) or none at all: the
+        remote shell of every command sources it (`pyenv init` here, ~0.15 s of CPU)."""
+        for h in self.lab.hosts:
+            rc, off = self.lab.home(h) / ".bashrc", self.lab.home(h) / ".bashrc.bench-off"
+            if on and off.exists():
+                off.rename(rc)
+            elif not on and rc.exists():
+                rc.rename(off)
+
     def _write_profile(self, name, lines):
         path = self.work / name
         path.write_text("\n".join(lines) + "\n")
@@ -169,8 +179,9 @@ class Bench:
                            text=True, errors="replace", timeout=300, preexec_fn=join)
         wall = time.perf_counter() - t0
         if r.returncode != 0:
-            raise RunFailed("%s exited %d:\n%s\n%s" % (" ".join(map(str, argv[:4])), r.returncode,
-                                                       r.stdout[-2000:], r.stderr[-2000:]))
+            errors = [l for l in r.stdout.splitlines() if "error" in l.lower()][:10]
+            raise RunFailed("%s exited %d:\n%s\n%s\n%s" % (" ".join(map(str, argv[:4])), r.returncode,
+                                                           "\n".join(errors), r.stdout[-2000:], r.stderr[-2000:]))
         if after:
             after()
         if expect_launch:
@@ -194,9 +205,9 @@ def _zombie(pid):
 class LineClock:
     """Popen whose stdout lines are time-stamped (time.time()) as they arrive."""
 
-    def __init__(self, argv, env=None):
+    def __init__(self, argv, env=None, cwd=None):
         self.lines = []
-        self.proc = subprocess.Popen([str(a) for a in argv], cwd=str(REPO), env=env,
+        self.proc = subprocess.Popen([str(a) for a in argv], cwd=str(cwd or REPO), env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -23,7 +23,7 @@ FATAL_NEEDLE = "error: server failed"
 READY_NEEDLE = " ready in "
 
 
-def standin_profile(bench, name, mode, load_seconds):
+def standin_profile(bench, name, mode, load_seconds, poll_interval=1.0, timeout=60):
     lab = bench.lab
     env = ['STANDIN_LOAD_SECONDS = "%s"' % load_seconds, 'STANDIN_GPU_MIB = "256"']
     if mode == "fatal":
@@ -35,22 +35,27 @@ def standin_profile(bench, name, mode, load_seconds):
         "[server]", 'engine = "vllm"', 'python = "%s"' % lab.ml_python,
         'model = "%s"' % lab.model_dir("m"), "port = %d" % READY_PORT,
         "[server.args]", 'served-model-name = "m"', "[server.env]", *env,
-        "[ready]", "timeout = 60"])  # poll_interval: the default (1.0 s)
+        "[ready]", "timeout = %d" % timeout, "poll_interval = %s" % poll_interval])
 
 
 def fab_argv(bench, *args):
     return [PY, "-m", "fabric", "-S", bench.cfg, "-H", "h1", *args]
 
 
-def verdict_case(bench, mode, reps, warmup=1, log=print):
-    """[{"load_s", "verdict_s", "exit_s"}] for mode "ready" or "fatal" on h1."""
+def verdict_case(bench, mode, reps, warmup=1, log=print, poll_interval=1.0, tree=None):
+    """[{"load_s", "verdict_s", "exit_s"}] for mode "ready" or "fatal" on h1.
+
+    tree: another llmfab checkout to run `fab` from (the before/after comparison)."""
     lab, out = bench.lab, []
     stamp = lab.tmp("h1") / "llmfab-bench-stamp"
     for rep in range(-warmup, reps):
-        load = round(bench.rng.uniform(1.0, 2.0) if mode == "ready" else bench.rng.uniform(1.5, 3.5), 3)
-        prof = standin_profile(bench, "%s.toml" % mode, mode, load)
+        # The event falls anywhere within a poll period (and one more second of loading).
+        span = max(poll_interval, 1.0)
+        load = round(bench.rng.uniform(1.0, 1.0 + span) if mode == "ready" else
+                     bench.rng.uniform(1.5, 1.5 + span), 3)
+        prof = standin_profile(bench, "%s.toml" % mode, mode, load, poll_interval)
         stamp.unlink(missing_ok=True)
-        clock = LineClock(fab_argv(bench, "deploy", "--profile", prof))
+        clock = LineClock(fab_argv(bench, "deploy", "--profile", prof), cwd=tree)
         code, exited = clock.wait()
         want = 0 if mode == "ready" else 1
         verdict = clock.first(READY_NEEDLE if mode == "ready" else FATAL_NEEDLE)
@@ -60,12 +65,12 @@ def verdict_case(bench, mode, reps, warmup=1, log=print):
         t = float(stamp.read_text())
         rec = {"load_s": load, "verdict_s": verdict - t, "exit_s": exited - t}
         if mode == "ready":
-            subprocess.run(fab_argv(bench, "stop", "--grace", "5", "--profile", prof), cwd=str(REPO),
+            subprocess.run(fab_argv(bench, "stop", "--grace", "5", "--profile", prof), cwd=str(tree or REPO),
                            capture_output=True, timeout=120)
         if rep >= 0:
             out.append(rec)
-        log("  rep %2d  %-5s load %.2f s: verdict +%.3f s, exit +%.3f s%s" % (
-            rep, mode, load, rec["verdict_s"], rec["exit_s"], "  (warm-up)" if rep < 0 else ""))
+        log("  rep %2d  %-5s poll %.1f %s load %.2f s: verdict +%.3f s, exit +%.3f s%s" % (
+            rep, mode, poll_interval, "before" if tree else "now", load, rec["verdict_s"], rec["exit_s"], "  (warm-up)" if rep < 0 else ""))
     return out
 
 
@@ -101,14 +106,14 @@ def phases(trace):
     ev = trace["events"]
     first = lambda kind, name=None: next(e for e in ev if e[2] == kind and (name is None or e[3] == name))  # noqa: E731
     connect, start = first("connect"), first("start")
-    hello = first("call", "hello")
+    hello = (start[0] + start[1], 0)  # start() returns with the agent's hello record
     puts = [e for e in ev if e[2] == "put"]
     launch = first("call", "launch")
     t_conn_end = connect[0] + connect[1]
     return [
         ("python start-up, imports, profile, fan-out (client)", connect[0]),
         ("SSH connection (paramiko: TCP, kex, auth)", connect[1]),
-        ("agent start: exec through the remote shell, python, sources (hello)",
+        ("agent start: exec through the remote shell, python, agent code (hello)",
          hello[0] + hello[1] - t_conn_end),
         ("lock, state, preflight, new_release (agent ops)", puts[0][0] - (hello[0] + hello[1])),
         ("push the release's %d files (put)" % len(puts), puts[-1][0] + puts[-1][1] - puts[0][0]),

@@ -125,15 +125,19 @@ def targets(data):
     if st:
         v = statistics.median(st["fab --list"])
         row("`fab --list` < 0.5 s", "%.2f s" % v, v < 0.5)
-    return md_table(["target (issue 8)", "measured (medians)", ""], rows)
+    return md_table(["target (issue 8, hosts with ~/.bashrc)", "measured (medians)", ""], rows)
 
 
 def tick_commands(trips):
     """Remote commands per poll tick: a waiting deploy's sshd commands beyond a no-wait one's."""
     wait = trips["wait"]
-    ticks = ops_count(wait["trace"]).get("poll", 0)
+    ticks = _ticks(ops_count(wait["trace"]))
     base = statistics.median(r["per_host"]["h1"]["commands"] for r in trips["no_wait"])
     return (wait["per_host"]["h1"]["commands"] - base) / max(ticks, 1)
+
+
+def _ticks(ops):
+    return ops.get("watch", 0) + ops.get("poll", 0)  # watch: event-driven (issue 16); poll: before
 
 
 def ops_count(trace):
@@ -153,8 +157,8 @@ def trips_section(trips):
         ops = ops_count(r["trace"])
         rows.append([label, h["connections"], "%d (%d exec + %d sftp)" % (h["commands"], h["exec"], h["subsystem"]),
                      sum(ops.values()), ", ".join("%s x%d" % (k, v) if v > 1 else k for k, v in ops.items())])
-    ticks = ops_count(trips["wait"]["trace"]).get("poll", 0)
-    rows.append(["per poll tick (%d ticks above)" % ticks, 0, _num(tick_commands(trips)), 1, "poll"])
+    ticks = _ticks(ops_count(trips["wait"]["trace"]))
+    rows.append(["per wait tick (%d ticks above)" % ticks, 0, _num(tick_commands(trips)), 1, "watch"])
     table = md_table(["llmfab task (1 host)", "SSH connections", "remote commands (sshd)",
                       "agent requests", "requests by op"], rows)
     phase_rows = [[name, "%.3f" % s] for name, s in median_phases(trips["no_wait"])]
@@ -195,16 +199,26 @@ def render(data):
            "Load average (1 / 5 / 15 min): %s." % loads,
            "Every figure is a whole process from spawn to exit, %d measured repetitions after one "
            "warm-up, the cases interleaved (tool order rotating), median (min-max)." % data["reps"], ""]
-    out += ["### Targets", "", targets(data), ""]
+    import report16
+    out += ["### Targets", "", report16.targets(data), "", targets(data), ""]
+    if data.get("launch_nobashrc"):
+        out += ["### 1-2. Launch a trivial server detached, hosts WITHOUT ~/.bashrc", "",
+                launch_section(dict(data, launch=data["launch_nobashrc"], skipped_tools=[],
+                                    launch_failed=data.get("launch_nobashrc_failed", {}))), ""]
     if "launch" in data:
-        out += ["### 1-3. Launch a trivial server detached (2 KB launcher)", "", launch_section(data), ""]
-    if data.get("ready") or data.get("fatal"):
-        out += ["### 4. Verdict latency", "", verdict_section(data), ""]
+        out += ["### 1-3. Launch a trivial server detached (2 KB launcher), hosts with ~/.bashrc", "",
+                launch_section(data), ""]
+    if data.get("verdict"):
+        out += ["### 4. Verdict latency", "", report16.verdict_section(data), ""]
     if data.get("trips"):
         table, phases = trips_section(data["trips"])
         out += ["### 5. Round trips", "", table, "", phases, ""]
     if data.get("startup"):
         out += ["### 6. Start-up", "", startup_section(data), ""]
+    if data.get("agent"):
+        out += ["### 7. Agent start, cold and warm", "", report16.agent_section(data), ""]
+    if data.get("waitcpu"):
+        out += ["### 8. Host CPU while waiting", "", report16.waitcpu_section(data), ""]
     return "\n".join(out).rstrip() + "\n"
 
 

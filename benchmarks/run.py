@@ -1,22 +1,27 @@
-"""llmfab's benchmarks (issue 8): `python benchmarks/run.py` (as root: it starts the SSH lab).
+"""llmfab's benchmarks (issues 8, 16): `python benchmarks/run.py` (as root: it starts the SSH lab).
 
 Stands up tests/lab.py namespace hosts (real sshd each), then runs every case side
 by side, interleaved, several repetitions after a warm-up:
 
 1-2. launch a trivial server (benchmarks/tiny_server.py) detached on 1, 8 and 16 hosts:
      llmfab's `fab deploy --no-wait` vs the plain ssh one-liner (baseline_ssh.sh) vs a
-     minimal Fabric script / ThreadingGroup (baseline_fabric.py);
+     minimal Fabric script / ThreadingGroup (baseline_fabric.py), on hosts without a
+     ~/.bashrc first, then with root's (whose `pyenv init` every remote command pays);
 3.   the same with Ansible (ansible-core) and pyinfra on 1 and 8 hosts, from a throwaway
      venv (--tools-venv; created if missing; a row says so if it cannot be installed);
-4.   readiness latency (ready -> verdict) and failure latency (fatal line -> exit);
+4.   readiness latency (ready -> verdict) and failure latency (fatal line -> exit), at
+     poll_interval 1.0 and 5.0;
 5.   round trips per deploy and per poll tick (sshd's log and fab_traced.py);
-6.   `fab --list` and `fab deploy --dry-run` start-up time.
+6.   `fab --list` and `fab deploy --dry-run` start-up time;
+7.   the host agent's start over SSH, cold (no cached code on the host) and warm;
+8.   the host's CPU while deploy waits for a server that loads for 60 s.
+--before-tree DIR runs cases 1-2, 4, 7 and 8 with that checkout's llmfab too.
 
 Prints the tables (Markdown) and writes them into benchmarks/RESULTS.md between the
 `results:begin`/`results:end` markers; text outside the markers is kept.
 
 Options: --reps N (default 7), --quick (3 repetitions, at most 8 hosts),
---cases launch,verdict,trips,startup (default all), --no-tools (skip Ansible and
+--cases launch,verdict,trips,startup,agent,waitcpu (default all), --no-tools (skip Ansible and
 pyinfra), --out PATH, --no-write.
 """
 import argparse
@@ -32,6 +37,7 @@ sys.path[:0] = [str(HERE.parent / "tests"), str(HERE)]
 
 from lab import HostLab  # noqa: E402
 
+import agentcases  # noqa: E402
 import harness  # noqa: E402
 import latency  # noqa: E402
 import launch  # noqa: E402
@@ -39,7 +45,8 @@ import report  # noqa: E402
 import thirdparty  # noqa: E402
 
 DEFAULT_TOOLS_VENV = "/var/tmp/llmfab-bench-tools"
-ALL_CASES = ("launch", "verdict", "trips", "startup")
+ALL_CASES = ("launch", "verdict", "trips", "startup", "agent", "waitcpu")
+POLLS = (1.0, 5.0)
 
 
 def parse(argv):
@@ -98,14 +105,22 @@ def main(argv=None):
         log("lab: %d hosts in %.1f s (slot %d)" % (len(lab.hosts), time.monotonic() - t0, lab.slot))
         bench = harness.Bench(lab, lab.root / "bench")
         ws = thirdparty.Workspace(lab.root / "tools", lab.ssh_config, lab.known_hosts, lab.hosts)
+        before, trees = [], [("now", harness.REPO)]
+        if args.before_tree:
+            bench.before_tree = Path(args.before_tree).resolve()
+            before, trees = ["llmfab-before"], trees + [("before", bench.before_tree)]
+            data["before"] = subprocess.run(["git", "-C", str(bench.before_tree), "log", "-1", "--format=%h %s"],
+                                            capture_output=True, text=True).stdout.strip()[:90] \
+                or bench.before_tree.name
         if "launch" in args.cases:
-            before = []
-            if args.before_tree:
-                bench.before_tree = Path(args.before_tree).resolve()
-                before = ["llmfab-before"]
-                data["before"] = subprocess.run(["git", "-C", str(bench.before_tree), "log", "-1", "--format=%h %s"],
-                                                capture_output=True, text=True).stdout.strip()[:90] \
-                    or bench.before_tree.name
+            log("case 1-2: launch on hosts WITHOUT ~/.bashrc (%d reps after a warm-up)" % args.reps)
+            bench.bashrc(False)
+            try:
+                plan = [(n, ["ssh", "fabric", "llmfab"] + (before if n < 16 else [])) for n in counts]
+                data["launch_nobashrc"], data["launch_nobashrc_failed"] = launch.launch_case(
+                    bench, plan, args.reps, log=log)
+            finally:
+                bench.bashrc(True)
             plan = [(1, ["ssh", "ssh-kex", "fabric", "llmfab"] + before + tools),
                     (8, ["ssh", "fabric", "llmfab"] + before + tools)]
             if 16 in counts:
@@ -115,10 +130,22 @@ def main(argv=None):
                 bench, plan, args.reps, tools_ws=ws, bins=bins, log=log)
             loads.append(("after launch", os.getloadavg()))
         if "verdict" in args.cases:
-            log("case 4: ready -> verdict, fatal -> exit")
-            data["ready"] = latency.verdict_case(bench, "ready", args.reps, log=log)
-            data["fatal"] = latency.verdict_case(bench, "fatal", args.reps, log=log)
+            log("case 4: ready -> verdict, fatal -> exit, poll_interval %s" % (POLLS,))
+            data["polls"], data["verdict"] = POLLS, {}
+            for poll in POLLS:
+                for label, tree in trees:
+                    for mode in ("ready", "fatal"):
+                        data["verdict"][(label, poll, mode)] = latency.verdict_case(
+                            bench, mode, args.reps, log=log, poll_interval=poll,
+                            tree=tree if label == "before" else None)
+            data["ready"], data["fatal"] = data["verdict"][("now", 1.0, "ready")], data["verdict"][("now", 1.0, "fatal")]
             loads.append(("after verdict", os.getloadavg()))
+        if "agent" in args.cases:
+            log("case 7: agent start, cold and warm")
+            data["agent"] = agentcases.agent_start_case(bench, args.reps, trees, log=log)
+        if "waitcpu" in args.cases:
+            log("case 8: host CPU while waiting for a %.0f s load" % agentcases.LOAD_S)
+            data["waitcpu"] = agentcases.wait_cpu_case(bench, trees, log=log)
         if "trips" in args.cases:
             log("case 5: round trips")
             data["trips"] = latency.round_trips(bench, reps=min(args.reps, 5), log=log)

@@ -1,8 +1,9 @@
 """All I/O with hosts: SSH connections (strict host keys), the host agent, file pushes.
 
 One SSH connection per host per task, and on it one remote command: the profile's
-Python running the host agent (tasks/hostside), fed its sources over stdin. Every
-later request is a JSON line on that same channel. Files are pushed with SFTP on the
+Python running the host agent (tasks/hostside) from the copy cached on the host,
+sent over stdin only when the host lacks that exact version (tasks/agentpayload.py).
+Every later request is a JSON line on that same channel. Files are pushed with SFTP on the
 same connection. The `local` host runs the very same agent as a subprocess.
 """
 import io
@@ -13,44 +14,13 @@ import socket
 import subprocess
 import tempfile
 import threading
-from pathlib import Path
 
+from .agentpayload import BOOTSTRAP, HOSTSIDE, payload
 from .errors import OperationFailed
-
-HOSTSIDE = Path(__file__).with_name("hostside")
-# Load order matters: a module's relative imports must already be loaded.
-HOST_MODULES = ("common", "supervision", "gpu", "gpuprocs", "probe", "procs", "lock", "files", "releases", "launch", "state",
-                "modelcheck", "versions", "specrules", "specfacts", "specdoctor", "speclog",
-                "preflight", "bench",
-                "logs", "history", "ray_node", "oomkill", "agent")
-
-# Read by the profile's Python on the host: the agent's sources arrive on stdin as one
-# JSON line; the modules are built in memory (nothing is written on the host).
-BOOTSTRAP = (
-    "import sys,json,types\n"
-    "d=json.loads(sys.stdin.buffer.readline())\n"
-    "p=types.ModuleType('llmfab_host');p.__path__=[];sys.modules['llmfab_host']=p\n"
-    "for n,s in d:\n"
-    " m=types.ModuleType('llmfab_host.'+n);m.__package__='llmfab_host'\n"
-    " sys.modules[m.__name__]=m;setattr(p,n,m)\n"
-    " exec(compile(s,'llmfab_host/'+n+'.py','exec'),m.__dict__)\n"
-    "sys.modules['llmfab_host.agent'].serve(sys.stdin.buffer,sys.stdout.buffer)\n"
-)
 
 LOCAL_NAMES = ("local",)
 DEFAULT_CONNECT_TIMEOUT = 10
 AGENT_PUT_MAX = 4 << 20  # bytes; put() sends larger files by SFTP (base64 JSON is held in memory)
-
-# Counted for benchmarks/run.py (round trips per task); read via Host.stats.
-_payload_cache = []
-
-
-def agent_payload():
-    if not _payload_cache:
-        mods = [(n, (HOSTSIDE / f"{n}.py").read_text()) for n in HOST_MODULES]
-        _payload_cache.append(json.dumps(mods).encode() + b"\n")
-    return _payload_cache[0]
-
 
 class ConnectionLost(OperationFailed):
     """The SSH connection (or the agent on it) went away mid-task; callers may reconnect."""
@@ -82,15 +52,24 @@ class _Channel:
 
     def request(self, req):
         with self._lock:
-            try:
-                self._w.write(json.dumps(req).encode() + b"\n")
-                self._w.flush()
-                line = self._r.readline()
-            except (OSError, EOFError, socket.timeout) as e:
-                raise ConnectionLost(f"connection lost: {e or type(e).__name__}") from e
-            if not line:
-                raise ConnectionLost(self._describe())
-            return json.loads(line)
+            self.send(json.dumps(req).encode() + b"\n")
+            return self.receive()
+
+    def send(self, data):
+        try:
+            self._w.write(data)
+            self._w.flush()
+        except (OSError, EOFError, socket.timeout) as e:
+            raise ConnectionLost(f"connection lost: {e or type(e).__name__}") from e
+
+    def receive(self):
+        try:
+            line = self._r.readline()
+        except (OSError, EOFError, socket.timeout) as e:
+            raise ConnectionLost(f"connection lost: {e or type(e).__name__}") from e
+        if not line:
+            raise ConnectionLost(self._describe())
+        return json.loads(line)
 
 
 class Host:
@@ -109,6 +88,7 @@ class Host:
         self._proc = None
         self._sftp = None
         self.stats = {"connections": 0, "commands": 0, "requests": 0}
+        self.code_dir = HOSTSIDE  # the agent's package (tests point it at a modified copy)
 
     # -- connection -------------------------------------------------------------------
     def connect(self):
@@ -156,7 +136,8 @@ class Host:
         if self._chan is not None:
             return self.hello
         self.connect()
-        argv = [self.python, "-c", BOOTSTRAP]
+        code = payload(self.code_dir)
+        argv = [self.python, "-c", BOOTSTRAP, code.digest]
         self.stats["commands"] += 1
         if self.local:
             self._stderr = tempfile.TemporaryFile()
@@ -176,8 +157,11 @@ class Host:
             self._chan = _Channel(ssh_chan.makefile_stdin("wb"), ssh_chan.makefile("rb"),
                                   self._ssh_death)
         try:
-            self._chan_write_payload()
-            self.hello = self.call("hello")
+            first = self._chan.receive()
+            if first.get("need"):  # the host lacks this version of the agent's code
+                self._chan.send(code.line)
+                first = self._chan.receive()
+            self.hello = first["result"]
         except ConnectionLost as e:
             self._chan = None
             msg = str(e)
@@ -187,14 +171,6 @@ class Host:
                     "check that the path exists there and is Python >= 3.9") from None
             raise
         return self.hello
-
-    def _chan_write_payload(self):
-        w = self._chan._w
-        try:
-            w.write(agent_payload())
-            w.flush()
-        except OSError as e:
-            raise ConnectionLost(str(e)) from e
 
     def _local_death(self):
         code = self._proc.wait()

@@ -2,22 +2,45 @@
 
 Ready: the server process is alive, `/health` answers 200 and `/v1/models` lists
 the served name. Failed: the process exited, or the log shows a fatal line. Each
-tick is one agent request on the open channel (no new remote command). A dropped
-connection is re-opened (bounded) and the wait goes on from the same log offset;
-nothing is relaunched.
+tick is one agent `watch` request on the open channel (no new remote command): the
+agent watches the process, the log, the port, /health and /v1/models on the host
+every 50 ms and answers as soon as one of them changes (hostside/watch.py), or after
+`poll_interval` with progress, so the verdict comes one round trip after the event
+whatever the interval. The fatal-line patterns travel with the request, so the agent
+answers early on a line that may be fatal; this side's LogScanner still decides. A
+dropped connection is re-opened (bounded) and the wait goes on from the same log
+offset; nothing is relaunched.
 """
 import shlex
 import time
 
 from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
-                      wait_exponential, wait_fixed)
+                      wait_exponential, wait_none)
 
+from . import logscan
 from .errors import HostUnreachable, OperationFailed
 from .failreport import server_failed
 from .logscan import LogScanner
 from .agentclient import AgentStartFailed, ConnectionLost
 
 RECONNECT_BUDGET_S = 120
+ANSWER_MARGIN_S = 30  # a watch answers within its wait_s; this much later the connection is dead
+GPU_EVERY_S = 5.0     # nvidia-smi costs ~20 ms of CPU a run (H200, driver 580): not every second
+AFTER_HINT_S = 0.25   # a hinted line the scanner did not call fatal yet: look again soon
+
+
+def fatal_hints():
+    """[(pattern, flags)] for the agent: the fatal-line patterns of logscan's rule table
+    (tasks/failrules), or None (then the agent answers on any new log line). Read from
+    there, never copied, so a change of the table reaches the host; the scanner stays the
+    judge (context rules, wrappers), the agent only answers early on a line that may count."""
+    rules = getattr(logscan, "RULES", None)
+    try:
+        if rules is not None:
+            return [(p.regex, p.compiled.flags) for r in rules for p in r.patterns]
+        return [(p.pattern, p.flags) for p, _ in logscan.FATAL]
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 class NotReadyYet(Exception):
@@ -61,17 +84,24 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
     timeout = ready_cfg.timeout if timeout is None else timeout
     served = profile.served_name
     scanner = LogScanner()
-    state = {"offset": log_offset, "nvidia_smi": profile.gpu.nvidia_smi if gpu_probe else None}
+    state = {"offset": log_offset, "nvidia_smi": profile.gpu.nvidia_smi if gpu_probe else None,
+             "seen": None, "soon": False}
     t0 = time.monotonic()
     req = dict(deploy_dir=deploy_dir, release=server["release"], pid=server["pid"],
                port=profile.server.port, host=profile.server.host,
                health_path=ready_cfg.health_path, models_path=ready_cfg.models_path,
-               devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None)
+               devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
+               hints=fatal_hints(), gpu_every_s=max(GPU_EVERY_S, ready_cfg.poll_interval))
 
     def tick():
-        r = call_resilient(host, "poll", on_reconnect=on_reconnect, log_offset=state["offset"],
-                           nvidia_smi=state["nvidia_smi"], timeout=30, **req)
-        state["offset"] = r["log"]["offset"]
+        wait_s = max(0.0, min(ready_cfg.poll_interval, timeout - (time.monotonic() - t0)))
+        if state["soon"]:
+            wait_s = min(wait_s, AFTER_HINT_S)
+        r = call_resilient(host, "watch", on_reconnect=on_reconnect, log_offset=state["offset"],
+                           nvidia_smi=state["nvidia_smi"], seen=state["seen"], wait_s=wait_s,
+                           timeout=wait_s + ANSWER_MARGIN_S, **req)
+        state["offset"], state["seen"] = r["log"]["offset"], r["state"]
+        state["soon"] = r.get("why") == "hint"
         if state["nvidia_smi"] and r.get("gpus") is None:
             state["nvidia_smi"] = None  # no GPUs readable here: stop asking every tick
         # The agent read the log after seeing the process gone: its last words are in.
@@ -94,9 +124,9 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
         raise NotReadyYet(phase)
 
     try:
+        # No wait between ticks: the agent holds each one until something changes.
         for attempt in Retrying(retry=retry_if_exception_type(NotReadyYet),
-                                stop=stop_after_delay(timeout),
-                                wait=wait_fixed(ready_cfg.poll_interval)):
+                                stop=stop_after_delay(timeout), wait=wait_none()):
             with attempt:
                 return tick()
     except RetryError:

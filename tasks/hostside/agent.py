@@ -1,39 +1,34 @@
 """The host-side agent: one long-lived process per task and host.
 
 llmfab sends exactly one remote command per task and host: the profile's Python
-with a short bootstrap (`tasks.transport.BOOTSTRAP`) that reads this package's
-sources from stdin and calls `serve()`. Requests then flow as JSON lines over the
-same channel, so a poll tick costs no new remote command and no shell start-up.
+with a short bootstrap (`tasks.agentpayload.BOOTSTRAP`) that finds this package's
+code cached on the host (or receives it once) and calls `serve()`. Requests then
+flow as JSON lines over the same channel, so a poll tick costs no new remote
+command and no shell start-up. A module is imported when the first request for
+one of its ops arrives (the op index: hostside/registry.py), so a task pays only
+for the code it uses.
 The agent exits when its stdin closes (the SSH session ended), at once even
 mid-operation (a watchdog thread), which also releases any lock it holds.
 Standard library only; Python >= 3.9.
 """
 import json
 import os
-import platform
 import select
-import socket
 import sys
 import threading
-import traceback
 
-from . import (bench, files, gpu, gpuprocs, history, launch, lock, logs, oomkill, preflight, probe,
-               procs, ray_node, releases, state)
 from .common import CONTEXT, HostError
 
-VERSION = 1
+VERSION = 2
+_OPS = {}     # op -> function, filled as modules are imported on demand
+_INDEX = {}   # op -> module name (the generated _opindex, else a scan of this directory)
+_ORIGIN = {}  # how the bootstrap found this code: agent_dir, code (cached / sent / temporary)
 
 
 def op_hello(req):
-    return {
-        "agent": VERSION,
-        "python": platform.python_version(),
-        "executable": sys.executable,
-        "hostname": socket.gethostname(),
-        "user": _user(),
-        "home": os.path.expanduser("~"),
-        "pid": os.getpid(),
-    }
+    return dict(_ORIGIN, agent=VERSION, python="%d.%d.%d" % sys.version_info[:3],
+                executable=sys.executable, hostname=os.uname()[1], user=_user(),
+                home=os.path.expanduser("~"), pid=os.getpid())
 
 
 def _user():
@@ -45,18 +40,46 @@ def _user():
 
 
 OPS = {"hello": op_hello}
-for _module in (lock, files, releases, launch, state, probe, gpu, gpuprocs, procs, preflight, logs, oomkill,
-                history, bench, ray_node):
-    OPS.update(getattr(_module, "OPS", {}))
-from . import speclog  # noqa: E402  the speculative-decoding doctor
-OPS.update(speclog.OPS)
+
+
+def index():
+    if not _INDEX:
+        try:
+            from ._opindex import INDEX
+        except ImportError:  # in-tree, not shipped by the client: find the ops ourselves
+            from . import registry
+            INDEX = registry.scan(os.path.dirname(os.path.abspath(__file__)))
+        _INDEX.update(INDEX)
+    return _INDEX
+
+
+def lookup(name):
+    """The function serving op `name`, importing its module on first use (only that one)."""
+    fn = _OPS.get(name)
+    if fn is not None:
+        return fn
+    module = index().get(name)
+    if module is None:
+        raise HostError("unknown agent operation %r" % name, kind="internal")
+    import importlib
+    ops = getattr(importlib.import_module("." + module, __package__), "OPS", {})
+    indexed = {op for op, mod in _INDEX.items() if mod == module}
+    if set(ops) != indexed:  # OPS changed at run time: the index (and its duplicate check) is void
+        raise HostError("%s.py serves ops %s but declares %s in its OPS literal"
+                        % (module, sorted(ops), sorted(indexed)), kind="internal")
+    _OPS.update(ops)
+    return ops[name]
 
 
 def handle(req):
-    op = OPS.get(req.get("op"))
-    if op is None:
-        raise HostError("unknown agent operation %r" % req.get("op"), kind="internal")
-    return op(req)
+    return lookup(req.get("op"))(req)
+
+
+def _cleanup():
+    """A temporary copy of the code (no writable cache on this host) goes with the agent."""
+    if _ORIGIN.get("code") == "temporary":
+        import shutil
+        shutil.rmtree(_ORIGIN["agent_dir"], ignore_errors=True)
 
 
 def _watchdog(fds):
@@ -73,6 +96,7 @@ def _watchdog(fds):
     while True:
         for _fd, ev in p.poll():
             if ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                _cleanup()
                 os._exit(0)  # the flock goes with us; servers live on in their own sessions
 
 
@@ -84,21 +108,41 @@ def _start_watchdog(stdin, stdout):
     threading.Thread(target=_watchdog, args=(fds,), name="watchdog", daemon=True).start()
 
 
-def serve(stdin, stdout):
-    """Answer JSON-line requests until stdin closes (or the client is gone: _watchdog)."""
+def serve(stdin, stdout, greet=None):
+    """Answer JSON-line requests until stdin closes (or the client is gone: _watchdog).
+
+    greet: the bootstrap's facts about the code (agent_dir, code); the hello record
+    is then written first, unasked, which saves the client a round trip per start.
+    """
     CONTEXT.clear()
     _start_watchdog(stdin, stdout)
-    for line in stdin:
-        try:
-            req = json.loads(line)
-            resp = {"ok": True, "result": handle(req)}
-        except HostError as e:
-            resp = {"ok": False, "error": str(e), "kind": e.kind, "data": e.data}
-        except Exception as e:  # report, never die mid-task
-            resp = {"ok": False, "error": "%s: %s" % (type(e).__name__, e), "kind": "internal",
-                    "data": {"traceback": traceback.format_exc()}}
-        try:
-            stdout.write(json.dumps(resp).encode() + b"\n")
-            stdout.flush()
-        except (BrokenPipeError, OSError):
-            return
+    try:
+        if greet is not None:
+            _ORIGIN.update(greet)
+            if not _write(stdout, {"ok": True, "result": op_hello({})}):
+                return
+        for line in stdin:
+            if not _write(stdout, _answer(line)):
+                return
+    finally:
+        _cleanup()
+
+
+def _answer(line):
+    try:
+        return {"ok": True, "result": handle(json.loads(line))}
+    except HostError as e:
+        return {"ok": False, "error": str(e), "kind": e.kind, "data": e.data}
+    except Exception as e:  # report, never die mid-task
+        import traceback
+        return {"ok": False, "error": "%s: %s" % (type(e).__name__, e), "kind": "internal",
+                "data": {"traceback": traceback.format_exc()}}
+
+
+def _write(stdout, resp):
+    try:
+        stdout.write(json.dumps(resp).encode() + b"\n")
+        stdout.flush()
+        return True
+    except (BrokenPipeError, OSError):
+        return False

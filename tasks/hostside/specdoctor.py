@@ -8,7 +8,6 @@ into preflight records {check, status, message, finding}, so a FAIL stops a depl
 failed check and nothing else needs to know about rules.
 Standard library only; Python >= 3.9.
 """
-import importlib.metadata as md
 
 from . import specfacts, versions
 from .specrules import RULES
@@ -58,6 +57,9 @@ def engine_version(engine):
     pkg = ENGINE_PACKAGES.get(engine)
     if pkg is None:
         return None
+    # Imported here: importlib.metadata pulls in email, pathlib, zipfile (~20 ms of every
+    # agent start); only a profile with a speculative method asks for the version.
+    import importlib.metadata as md
     try:
         return md.version(pkg)
     except md.PackageNotFoundError:

@@ -1,0 +1,193 @@
+"""The host agent's code: found (not listed), sent only when the host lacks that version,
+verified before it runs (tasks/agentpayload.py, tasks/hostside/registry.py).
+
+These run the real bootstrap with the real profile Python as a subprocess (the `local`
+host: the same agent, the same bootstrap, without the SSH hop), with XDG_CACHE_HOME
+pointing at a fresh directory so every test starts on a host that has never seen llmfab.
+"""
+import importlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from tasks import agentpayload
+from tasks.agentclient import AgentError, AgentStartFailed, Host
+from tasks.agentpayload import BOOTSTRAP, HOSTSIDE, Payload
+from tasks.hostside import registry
+
+MARKER_CODE = "open(%r, 'w').write('ran')\n"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(root))
+    return root
+
+
+def start(code_dir=HOSTSIDE):
+    host = Host("local", python=sys.executable)
+    host.code_dir = code_dir
+    return host, host.start()
+
+
+def version_dir(cache, code_dir=HOSTSIDE):
+    return cache / "llmfab" / "agent" / Payload(code_dir).digest[:32]
+
+
+def test_every_module_travels_and_every_op_is_indexed():
+    payload = Payload()
+    names = sorted(n for n in os.listdir(HOSTSIDE) if n.endswith(".py"))
+    assert [n for n, _ in payload.files] == sorted(names + [registry.INDEX_MODULE + ".py"])
+    for name in names:  # what each module really serves is what the index says it serves
+        ops = getattr(importlib.import_module("tasks.hostside." + name[:-3]), "OPS", {})
+        assert {op for op, mod in payload.index.items() if mod == name[:-3]} == set(ops), name
+
+
+def test_a_duplicate_op_name_is_refused_naming_both_modules(tmp_path):
+    (tmp_path / "first.py").write_text('OPS = {"poll": print}\n')
+    (tmp_path / "second.py").write_text('def op_poll(req):\n    return {}\n\nOPS = {"poll": op_poll}\n')
+    with pytest.raises(registry.OpIndexError) as e:
+        Payload(tmp_path)
+    assert str(e.value) == ("agent op 'poll' is declared twice: in first.py and in second.py; "
+                            "op names must be unique across tasks/hostside")
+
+
+def test_ops_must_be_a_literal_the_registry_can_read(tmp_path):
+    (tmp_path / "odd.py").write_text("OPS = dict(poll=print)\n")
+    with pytest.raises(registry.OpIndexError, match=r"odd.py:1: OPS must be a dict literal"):
+        registry.scan(tmp_path)
+
+
+def test_a_new_module_is_served_without_editing_any_list(tmp_path, cache):
+    pkg = tmp_path / "hostside"
+    shutil.copytree(HOSTSIDE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (pkg / "zz_extra.py").write_text(
+        "from .common import expand\n\n\ndef op_ping(req):\n    return {'pong': expand('~')}\n\n"
+        "OPS = {'ping': op_ping}\n")
+    host, _ = start(pkg)
+    try:
+        assert host.call("ping") == {"pong": os.path.expanduser("~")}
+        with pytest.raises(AgentError, match="unknown agent operation 'nope'"):
+            host.call("nope")
+    finally:
+        host.close()
+
+
+def test_sent_once_then_run_from_the_verified_cache(cache):
+    host, hello = start()
+    host.close()
+    assert hello["code"] == "sent"
+    vdir = version_dir(cache)
+    assert hello["agent_dir"] == str(vdir)
+    assert stat.S_IMODE(vdir.stat().st_mode) == 0o700
+    host, hello = start()
+    try:
+        assert hello["code"] == "cached" and host.call("hello")["pid"] == hello["pid"]
+        assert host.stats == {"connections": 0, "commands": 1, "requests": 1}
+    finally:
+        host.close()
+    assert list((vdir / "llmfab_host" / "__pycache__").glob("agent.*.pyc"))  # bytecode cached
+
+
+@pytest.mark.parametrize("damage", ["tampered", "half-written", "extra file", "group-writable"])
+def test_a_damaged_copy_is_replaced_never_run(cache, tmp_path, damage):
+    start()[0].close()
+    pkg = version_dir(cache) / "llmfab_host"
+    marker = tmp_path / "marker"
+    common = pkg / "common.py"
+    original = common.read_bytes()
+    if damage == "tampered":
+        common.write_text(MARKER_CODE % str(marker) + original.decode())
+    elif damage == "half-written":
+        common.write_bytes(original[:len(original) // 2])
+        (pkg / "agent.py").unlink()
+    elif damage == "extra file":
+        (pkg / "zz_evil.py").write_text(MARKER_CODE % str(marker))
+    else:
+        os.chmod(pkg.parent, 0o770)
+    host, hello = start()
+    try:
+        assert hello["code"] == "sent"
+        assert host.call("lock", deploy_dir=str(tmp_path / "d")) is not None
+    finally:
+        host.close()
+    assert not marker.exists()
+    assert common.read_bytes() == original and not (pkg / "zz_evil.py").exists()
+    assert stat.S_IMODE(pkg.parent.stat().st_mode) == 0o700
+    assert [p.name for p in pkg.parent.parent.iterdir()] == [pkg.parent.name]  # nothing left over
+
+
+def test_no_writable_cache_runs_from_a_private_copy_then_removes_it(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    host, hello = start()
+    try:
+        assert hello["code"] == "temporary" and os.path.isdir(hello["agent_dir"])
+        assert stat.S_IMODE(os.stat(hello["agent_dir"]).st_mode) == 0o700
+    finally:
+        host.close()
+    assert not os.path.exists(hello["agent_dir"])
+
+
+def test_code_that_does_not_match_its_hash_is_refused(cache):
+    payload = Payload()
+    r = subprocess.run([sys.executable, "-c", BOOTSTRAP, "0" * 64], input=payload.line,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == b'{"need": 1}\n'
+    assert b"does not match its hash " + b"0" * 64 in r.stderr
+    assert not (cache / "llmfab" / "agent" / ("0" * 32)).exists()
+
+
+def test_a_missing_python_is_reported_as_a_start_failure():
+    host = Host("local", python="/nonexistent/python3")
+    with pytest.raises(AgentStartFailed, match="/nonexistent/python3"):
+        host.start()
+
+
+def test_each_request_imports_only_the_modules_it_needs():
+    probe = ("import io, json, sys\n"
+             "from tasks.hostside import agent\n"
+             "reqs = b''.join(json.dumps(r).encode() + b'\\n' for r in sys.argv[1:] and\n"
+             "                [{'op': op} for op in sys.argv[1:]])\n"
+             "agent.serve(io.BytesIO(reqs), io.BytesIO())\n"
+             "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('tasks.hostside.')))\n")
+
+    def loaded(*ops):
+        r = subprocess.run([sys.executable, "-c", probe, *ops], capture_output=True, text=True,
+                           cwd=str(HOSTSIDE.parents[1]), timeout=60, check=True)
+        return set(json.loads(r.stdout.replace("'", '"')))
+
+    base = loaded("hello")
+    assert base == {"agent", "common", "registry"}  # in-tree the agent scans the package itself
+    assert loaded("hello", "lock") == base | {"lock"}
+    assert "bench" not in loaded("hello", "lock", "poll") and "probe" in loaded("poll")
+
+
+def test_over_ssh_cold_and_warm_each_take_one_connection_and_one_remote_command(lab):
+    """The `need` exchange rides the one command's stdin/stdout: still 1 + 1 (sshd's log)."""
+    from fabric import Config
+    sys.path.insert(0, str(HOSTSIDE.parents[1] / "benchmarks"))
+    from measure import count_sshd
+    from lab import wait_for
+
+    shutil.rmtree(lab.home("h1") / ".cache" / "llmfab", ignore_errors=True)
+    for want in ("sent", "cached"):
+        offset = len(lab.sshd_log("h1"))
+        host = Host("h1", config=Config(runtime_ssh_path=str(lab.ssh_config)), python="/usr/bin/python3")
+        try:
+            hello = host.start()
+            assert host.call("hello")["agent_dir"] == hello["agent_dir"]
+        finally:
+            host.close()
+        assert hello["code"] == want
+        assert hello["agent_dir"] == "/root/.cache/llmfab/agent/" + Payload().digest[:32]
+        wait_for(lambda: not lab.session_sshd_pids("h1"), 20, "the session to close")
+        counts = count_sshd(lab.sshd_log("h1")[offset:])
+        assert (counts["connections"], counts["commands"]) == (1, 1), counts
