@@ -3,8 +3,8 @@ import json
 import os
 
 from .argv import server_argv
-from .errors import ExitCode, LlmfabError, OperationFailed
-from .failreport import failed_record
+from .errors import ExitCode, OperationFailed
+from .failreport import reporting_json
 from .fanout import HostResult
 from .preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
 from .gpuwait import profile_devices
@@ -187,17 +187,6 @@ def deploy(c, opts):
             smoke_after(res, host, profile, reporter)
         return res
 
-    def op(host, reporter):
-        try:
-            res = one(host, reporter)
-        except LlmfabError as e:
-            if opts.json:  # a failed deploy prints its host object too, with why (`fatal`)
-                reporter.emit_json(failed_record(host.name, e))
-            raise
-        if opts.json:
-            reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
-        return res
-
     def still_running():
         return [(h, f"interrupted: release {s['release']} (pid {s['pid']}) keeps running; stop "
                     f"it with `{fab_hint(profile, 'stop')}`") for h, s in list(launched.items())]
@@ -206,4 +195,5 @@ def deploy(c, opts):
         from .rolling import deploy_rolling
         return deploy_rolling(c, profile, opts, size, deploy_one=one, on_interrupt=still_running,
                               rollback_one=lambda h, r, to: rollback_host(h, profile, opts, r, to=to))
-    run_task(c, profile, op, opts, title="deploy", json_mode=opts.json, on_interrupt=still_running)
+    run_task(c, profile, reporting_json(one, opts.json), opts, title="deploy", json_mode=opts.json,
+             on_interrupt=still_running)

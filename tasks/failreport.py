@@ -68,3 +68,22 @@ def failed_record(name, error):
     return {"host": name, "ok": False, "error": error.message.splitlines()[0],
             "release": server.get("release"), "pid": server.get("pid"),
             "fatal": getattr(error, "fatal", None)}
+
+
+def reporting_json(op, json_mode):
+    """`op(host, reporter) -> HostResult` that, with --json, prints the host's object either
+    way: `{host, ok: true, ...result data}`, or failed_record's (with `fatal`) before the
+    error goes on to the fan-out's summary."""
+    from .errors import LlmfabError
+
+    def wrapped(host, reporter):
+        try:
+            res = op(host, reporter)
+        except LlmfabError as e:
+            if json_mode:
+                reporter.emit_json(failed_record(host.name, e))
+            raise
+        if json_mode:
+            reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
+        return res
+    return wrapped

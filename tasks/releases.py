@@ -218,19 +218,8 @@ def rollback_host(host, profile, opts, reporter, to=None):
 
 def rollback(c, opts):
     """Body of `fab rollback` (opts: tasks.options.RollbackOptions)."""
+    from .failreport import reporting_json
     from .runner import load, run_task
-    from .errors import LlmfabError
-    from .failreport import failed_record
     profile = load(c, opts.profile)
-
-    def op(host, reporter):
-        try:
-            res = rollback_host(host, profile, opts, reporter)
-        except LlmfabError as e:
-            if opts.json:  # a failed start prints its host object too, with why (`fatal`)
-                reporter.emit_json(failed_record(host.name, e))
-            raise
-        if opts.json:
-            reporter.emit_json(dict({"host": host.name, "ok": True}, **res.data))
-        return res
+    op = reporting_json(lambda h, r: rollback_host(h, profile, opts, r), opts.json)
     run_task(c, profile, op, opts, title="rollback", json_mode=opts.json)

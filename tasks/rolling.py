@@ -208,7 +208,7 @@ def deploy_rolling(c, profile, opts, size, *, deploy_one, rollback_one, on_inter
     `fab deploy` and `fab rollback` do one host; on_interrupt() -> [(host, line)] said on a
     second Ctrl-C."""
     import sys
-    from .deploy import deploy_dir
+    from .preflight import deploy_dir
     from .errors import Interrupted, TaskFailed
     from .report import Reporter
     from .runner import INTERRUPT_NOTE, host_kwargs, hosts_for

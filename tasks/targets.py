@@ -47,7 +47,7 @@ def entry(addr, port, labels):
 
 def running_entry(host, profile, reporter):
     """(file_sd entry or None, why it was left out)."""
-    from .deploy import deploy_dir
+    from .preflight import deploy_dir
     from .releases import saved_profile
     ddir = deploy_dir(profile)
     host.start()

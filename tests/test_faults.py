@@ -57,11 +57,23 @@ def test_deploy_survives_a_hung_connection_and_ends_the_agent_it_left_holding_th
     # alive on the host and holding the lock, is ended instead of blocking for hours.
     host, name = "h3", "fault-hung"
     prof = vllm_profile(lab, name, host, 31010, {"STANDIN_LOAD_SECONDS": "3"})
+    try:
+        hang_the_connection_and_expect_the_stale_agent_ended(lab, host, name, "deploy", prof,
+                                                             "launched release")
+        launched_once(lab, host, name)
+    finally:
+        fab(lab, "stop", "--grace", "5", profile=prof)
+
+
+def hang_the_connection_and_expect_the_stale_agent_ended(lab, host, name, task, prof, started):
+    """Run `fab TASK`; once it printed `started`, freeze its sshd session (half-open: the host
+    never notices); the task must reconnect, end its own old agent that still holds the lock,
+    and finish with exit 0."""
     lock = deployment(lab, host, name) / ".lock"
-    run = Background(lab, "deploy", profile=prof)
+    run = Background(lab, task, profile=prof)
     frozen = []
     try:
-        run.wait_line("launched release")
+        run.wait_line(started)
         agent = json.loads(lock.read_text())["pid"]
         frozen = lab.session_sshd_pids(host)
         for pid in frozen:
@@ -70,13 +82,11 @@ def test_deploy_survives_a_hung_connection_and_ends_the_agent_it_left_holding_th
         assert "connection re-opened; still waiting" in run.text
         assert f"ended agent pid {agent} of the lost connection (it still held the lock)" in run.text
         assert not host_pid_alive(lab, host, agent)
-        launched_once(lab, host, name)
     finally:
         for pid in frozen:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         run.close()
-        fab(lab, "stop", "--grace", "5", profile=prof)
 
 
 def test_rollback_survives_a_hung_connection_and_ends_the_agent_it_left_holding_the_lock(lab):
@@ -88,26 +98,12 @@ def test_rollback_survives_a_hung_connection_and_ends_the_agent_it_left_holding_
     first = server_record(lab, host, name)["release"]
     new = vllm_profile(lab, name, host, 31011, {"STANDIN_TAG": "new"})
     fab(lab, "deploy", profile=new)
-    lock = deployment(lab, host, name) / ".lock"
-    run = Background(lab, "rollback", profile=new)
-    frozen = []
     try:
-        run.wait_line(f"relaunched release {first}")
-        agent = json.loads(lock.read_text())["pid"]
-        frozen = lab.session_sshd_pids(host)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        assert run.finish(150) == 0, run.text
-        assert "connection re-opened; still waiting" in run.text
-        assert f"ended agent pid {agent} of the lost connection (it still held the lock)" in run.text
-        assert not host_pid_alive(lab, host, agent)
+        hang_the_connection_and_expect_the_stale_agent_ended(lab, host, name, "rollback", new,
+                                                             f"relaunched release {first}")
         server = server_record(lab, host, name)
         assert server["release"] == first and host_pid_alive(lab, host, server["pid"])
     finally:
-        for pid in frozen:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        run.close()
         fab(lab, "stop", "--grace", "5", profile=new)
 
 
