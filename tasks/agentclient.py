@@ -62,14 +62,35 @@ class _Channel:
         except (OSError, EOFError, socket.timeout) as e:
             raise ConnectionLost(f"connection lost: {e or type(e).__name__}") from e
 
-    def receive(self):
+    def receive_line(self):
         try:
             line = self._r.readline()
         except (OSError, EOFError, socket.timeout) as e:
             raise ConnectionLost(f"connection lost: {e or type(e).__name__}") from e
         if not line:
             raise ConnectionLost(self._describe())
-        return json.loads(line)
+        return line
+
+    def receive(self):
+        return json.loads(self.receive_line())
+
+    def receive_first(self, limit=200):
+        """The agent's first message. A shell start-up file that prints to stdout (a banner in
+        ~/.bashrc) writes before the agent does: skip such lines, and say so if nothing else
+        comes."""
+        noise = []
+        for _ in range(limit):
+            line = self.receive_line()
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                msg = None
+            if isinstance(msg, dict):
+                return msg
+            noise.append(line.decode("utf-8", "replace").rstrip())
+        raise AgentStartFailed("the host printed text instead of starting the agent (does a shell "
+                               "start-up file such as ~/.bashrc print to stdout?): "
+                               + " | ".join(noise[:3]))
 
 
 class Host:
@@ -157,10 +178,12 @@ class Host:
             self._chan = _Channel(ssh_chan.makefile_stdin("wb"), ssh_chan.makefile("rb"),
                                   self._ssh_death)
         try:
-            first = self._chan.receive()
+            first = self._chan.receive_first()
             if first.get("need"):  # the host lacks this version of the agent's code
                 self._chan.send(code.line)
                 first = self._chan.receive()
+            if not first.get("ok", True) or "result" not in first:
+                raise AgentStartFailed(f"the host agent did not start: {first.get('error', first)}")
             self.hello = first["result"]
         except ConnectionLost as e:
             self._chan = None
@@ -169,6 +192,11 @@ class Host:
                 raise AgentStartFailed(
                     f"server.python {self.python!r} could not run on this host ({msg}); "
                     "check that the path exists there and is Python >= 3.9") from None
+            raise
+        except BaseException:
+            # No half-started agent: the next call starts afresh instead of finding a
+            # channel without a hello.
+            self._chan = None
             raise
         return self.hello
 
