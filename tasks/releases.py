@@ -16,7 +16,8 @@ same environment, same secrets.json), points `current` at it and waits until it 
 ready like deploy. Nothing is re-rendered from the profile given on the command
 line; readiness (port, health and models paths, served name, timeout) comes from
 the old release's saved profile.toml, falling back to the given profile's settings.
-Releases that never started (no server.log) are skipped.
+Releases that never started (no server.log), or whose server failed to start (a failed
+deploy leaves start-failed.json in its release), are skipped.
 """
 import dataclasses
 import datetime
@@ -32,6 +33,9 @@ def describe_end(rec):
     """How a release's last run ended, in words: running, exited N, killed by SIGX, ..."""
     if rec.get("running"):
         return f"running (pid {rec['pid']})" if rec.get("pid") else "running"
+    failed = rec.get("start_failed")
+    if failed:
+        return f"failed to start ({failed['rule']})" if failed.get("rule") else "failed to start"
     ex = rec.get("exit")
     if ex and ex.get("returncode") is not None:
         rc = int(ex["returncode"])
@@ -94,12 +98,14 @@ def table_lines(records):
 
 
 def previous_release(releases, current):
-    """The newest release older than `current` that ran (has a log and a launcher), or None."""
+    """The newest release older than `current` that ran (has a log and a launcher) and did not
+    fail to start (a deploy that failed marks its release), or None."""
     names = [r["release"] for r in releases]
     if current not in names:
         return None
     for r in reversed(releases[:names.index(current)]):
-        if r.get("log_bytes") is not None and r.get("has_launcher", True):
+        if r.get("log_bytes") is not None and r.get("has_launcher", True) \
+                and not r.get("start_failed"):
             return r["release"]
     return None
 

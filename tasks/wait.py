@@ -186,5 +186,12 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
             call_resilient(host, "stop", deploy_dir=ddir, grace=10, timeout=60, budget=10)
         except Exception:
             pass
+        fatal = getattr(e, "fatal", None)
+        if fatal is not None:  # the server itself failed: `fab rollback` must not pick this release
+            try:
+                host.call("mark_failed", deploy_dir=ddir, release=server["release"],
+                          rule=fatal.get("rule"), cause=fatal.get("cause"), timeout=30)
+            except Exception:
+                pass
         e.stopped = True
         raise

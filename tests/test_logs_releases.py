@@ -522,3 +522,32 @@ def test_a_killed_deploy_or_stop_never_leaves_the_lock_held(lab, server_script):
     r = fab(lab, "stop", "--grace", "1", profile=stubborn)
     assert "locked" not in r.stdout and "killed" in r.stdout
     assert time.monotonic() - t1 < 60 and t1 > t0
+
+
+def test_previous_release_skips_one_that_failed_to_start():
+    rels = [{"release": "r1", "log_bytes": 10}, {"release": "r2", "log_bytes": 10,
+             "start_failed": {"rule": "cuda-oom"}}, {"release": "r3", "log_bytes": 10}]
+    assert previous_release(rels, "r3") == "r1"
+    assert describe_end(rels[1]) == "failed to start (cuda-oom)"
+
+
+def test_rollback_never_goes_back_to_a_release_that_failed_to_start(lab):
+    # r1 good, r2 fails at start (its deploy marks it), r3 good: rollback from r3 is to r1.
+    from helpers import fab, server_record, vllm_profile
+    host, name = "h2", "rb-skip-failed"
+    good = vllm_profile(lab, name, host, 31021)
+    fab(lab, "deploy", profile=good)
+    r1 = server_record(lab, host, name)["release"]
+    bad = vllm_profile(lab, name, host, 31021, {"STANDIN_FAIL": "oom"})
+    fab(lab, "deploy", profile=bad, code=1)
+    listing = json.loads(fab(lab, "releases", "--json", profile=bad).stdout)["releases"]
+    r2 = listing[-1]
+    assert r2["release"] != r1 and r2["ended"] == "failed to start (cuda-oom)", listing
+    good = vllm_profile(lab, name, host, 31021, {"STANDIN_TAG": "r3"})
+    fab(lab, "deploy", profile=good)
+    try:
+        r = fab(lab, "rollback", profile=good)
+        assert f"to {r1}" in r.stdout, r.stdout
+        assert server_record(lab, host, name)["release"] == r1
+    finally:
+        fab(lab, "stop", "--grace", "5", profile=good)

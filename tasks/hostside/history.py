@@ -50,6 +50,7 @@ def op_release_list(req):
             "log_bytes": _size(os.path.join(rdir, "server.log")),
             "has_launcher": os.path.isfile(os.path.join(rdir, "launch.py")),
             "exit": read_json(os.path.join(rdir, "exit.json")),
+            "start_failed": read_json(os.path.join(rdir, releases.FAILED_FILE)),
             "started_at": server.get("started_at") if is_server else None,
             "running": is_server and alive,
             "pid": server.get("pid") if is_server else None,

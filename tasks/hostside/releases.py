@@ -2,8 +2,11 @@
 
     <workdir>/<name>/releases/<UTC stamp>/   launch.py argv.json profile.toml server.log
     <workdir>/<name>/current -> releases/<stamp>
+
+A release whose server failed to start holds start-failed.json (op mark_failed).
 """
 import datetime
+import json
 import os
 import shutil
 
@@ -91,7 +94,27 @@ def prune(ddir, keep):
     return removed
 
 
+FAILED_FILE = "start-failed.json"
+
+
+def op_mark_failed(req):
+    """Record in the release that it failed to start (`rule`, `cause`, when), so `fab rollback`
+    never picks it as the release to go back to. Its files and log stay as they are."""
+    path = os.path.join(expand(req["deploy_dir"]), "releases", req["release"])
+    if not os.path.isdir(path):
+        raise HostError("no release %s in %s" % (req["release"], req["deploy_dir"]), kind="no_release")
+    record = {"failed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "rule": req.get("rule"), "cause": req.get("cause")}
+    tmp = os.path.join(path, "." + FAILED_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+        f.write("\n")
+    os.replace(tmp, os.path.join(path, FAILED_FILE))
+    return {}
+
+
 OPS = {
     "new_release": op_new_release,
     "discard_release": op_discard_release,
+    "mark_failed": op_mark_failed,
 }
