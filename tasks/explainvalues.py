@@ -32,6 +32,28 @@ def gpu_util(v, r):
     return f"{u}" if u is not None else "unset, i.e. vLLM's default 0.9"
 
 
+# What to turn down when the GPU ran out of memory, by engine ({util} is the current value).
+MEMORY_KNOBS = {
+    "vllm": "lower `gpu-memory-utilization` (now {util}) or `max-num-seqs`, use more GPUs "
+            "(`tensor-parallel-size`)",
+    "sglang": "lower `mem-fraction-static` (now {util}) or `max-running-requests`, use more GPUs "
+              "(`tp-size`)",
+    "command": "make the server allocate less (its own batch or memory settings), or run it on "
+               "more or larger GPUs",
+}
+
+
+def memory_knobs(v, r):
+    server = getattr(r.profile, "server", None)
+    engine = getattr(server, "engine", None) or "vllm"
+    if engine == "sglang":
+        util = _arg(r, "mem-fraction-static")
+        util = "unset, i.e. SGLang's default" if util is None else util
+    else:
+        util = gpu_util(v, r)
+    return MEMORY_KNOBS.get(engine, MEMORY_KNOBS["command"]).format(util=util)
+
+
 def tp(v, r):
     return str(_arg(r, "tensor-parallel-size") or 1)
 
@@ -169,7 +191,7 @@ def script(v, r):
 VALUES = {
     "derived_int": lambda v, r: str(int(_num(v["derived"]))),
     "estimated_int": lambda v, r: str(int(_num(v["estimated"]))),
-    "gpu_util": gpu_util, "tp": tp, "tp_fit": tp_fit, "util_fit": util_fit,
+    "gpu_util": gpu_util, "memory_knobs": memory_knobs, "tp": tp, "tp_fit": tp_fit, "util_fit": util_fit,
     "gpu_index": cuda_index, "device": lambda v, r: "cuda:0 (unnamed in this version)",
     "holders": holders, "free_it": free_it, "alloc_text": alloc_text,
     "mem_fraction": mem_fraction, "mem_fraction_next": mem_fraction_next,

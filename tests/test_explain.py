@@ -197,3 +197,21 @@ def test_status_explains_a_dead_server_only_when_it_failed(log, code, oom, rule,
     host = RecordedHost((FIXTURES / log).read_text(), oom)
     ex = explain_dead(host, profile, "/d", {"pid": 4200, "pgid": 4200, "release": "r1"}, {"returncode": code})
     assert (ex and ex.rule) == rule
+
+
+@pytest.mark.parametrize("engine,knob", [
+    ("vllm", "lower `gpu-memory-utilization` (now 0.95)"),
+    ("sglang", "lower `mem-fraction-static` (now 0.8)"),
+    ("command", "make the server allocate less"),
+])
+def test_cuda_oom_fix_names_the_knobs_of_the_engine_that_ran(tmp_path, engine, knob):
+    # Seen on the H200: a PyTorch `command` server told to lower vLLM's gpu-memory-utilization.
+    body = {"vllm": '[server]\nengine = "vllm"\nmodel = "/m"\n[server.args]\ngpu-memory-utilization = 0.95\n',
+            "sglang": '[server]\nengine = "sglang"\nmodel = "/m"\n[server.args]\nmem-fraction-static = 0.8\n',
+            "command": '[server]\nengine = "command"\ncommand = ["/usr/bin/python3", "s.py"]\n'}[engine]
+    path = tmp_path / "p.toml"
+    path.write_text(body)
+    text = (FIXTURES / "cuda-oom.log").read_text()
+    ex = explain(scan(text), Readings(profile=load_profile(path)))
+    assert ex.rule == "cuda-oom" and ex.fix.startswith(knob), ex.fix
+    assert ("gpu-memory-utilization" in ex.fix) == (engine == "vllm")

@@ -41,8 +41,7 @@ RULES = (
     Rule(
         "cuda-oom", "CUDA out of memory", 70,
         "the GPU ran out of memory{alloc_text}",
-        "lower `gpu-memory-utilization` (now {gpu_util}) or `max-num-seqs`, use more GPUs "
-        "(`tensor-parallel-size`), or free the GPU of other processes (`{fab_dry}`)",
+        "{memory_knobs}, or free the GPU of other processes (`{fab_dry}`)",
         (Pattern(r"CUDA out of memory\. Tried to allocate (?P<alloc>[\d.]+ [KMG]iB)(?:\. GPU (?P<gpu>\d+)"
                  r"| \(GPU (?P<gpu_old>\d+))?",
                  "PyTorch c10/cuda/CUDACachingAllocator.cpp (2.1+: 'GPU N has a total capacity of ...'; "
