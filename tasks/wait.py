@@ -31,16 +31,10 @@ AFTER_HINT_S = 0.25   # a hinted line the scanner did not call fatal yet: look a
 
 def fatal_hints():
     """[(pattern, flags)] for the agent: the fatal-line patterns of logscan's rule table
-    (tasks/failrules), or None (then the agent answers on any new log line). Read from
-    there, never copied, so a change of the table reaches the host; the scanner stays the
-    judge (context rules, wrappers), the agent only answers early on a line that may count."""
-    rules = getattr(logscan, "RULES", None)
-    try:
-        if rules is not None:
-            return [(p.regex, p.compiled.flags) for r in rules for p in r.patterns]
-        return [(p.pattern, p.flags) for p, _ in logscan.FATAL]
-    except (AttributeError, TypeError, ValueError):
-        return None
+    (tasks/failrules). Read from there, never copied, so a change of the table reaches the
+    host; the scanner stays the judge (context rules, wrappers), the agent only answers
+    early on a line that may count."""
+    return [(p.regex, p.compiled.flags) for r in logscan.RULES for p in r.patterns]
 
 
 class NotReadyYet(Exception):
