@@ -19,9 +19,10 @@ def model(lab):
                          text_config=TARGET["text_config"])
 
 
-def vllm(lab, name, host, port, args=(), env=()):
+def vllm(lab, name, host, port, args=(), env=(), model_path=None):
     lines = ["[target]", f'hosts = ["{host}"]', f'name = "{name}"',
-             "[server]", 'engine = "vllm"', f'python = "{lab.ml_python}"', f'model = "{model(lab)}"',
+             "[server]", 'engine = "vllm"', f'python = "{lab.ml_python}"',
+             f'model = "{model_path or model(lab)}"',
              'host = "127.0.0.1"', f"port = {port}", "[server.args]", *args,
              "[server.env]", *[f'{k} = "{v}"' for k, v in env], "[ready]", "timeout = 60",
              "poll_interval = 0.2"]
@@ -116,11 +117,25 @@ def test_a_command_script_without_the_main_guard_under_spawn_is_spawn_main_guard
 
 
 def test_a_rollback_to_a_release_that_cannot_start_says_why_in_its_json(lab):
-    bad = vllm(lab, "explain-rollback", "h1", 31407, ["max-model-len = 300000"])
-    failed_deploy(lab, bad)
-    good = vllm(lab, "explain-rollback", "h1", 31407)
+    # r1 started fine with max-model-len 300000 while the model allowed 400000; then the
+    # model's config.json changed (262144, as the real Qwen3.6-27B has): rolling back to r1
+    # now fails the way vLLM fails, and says so. (A release that failed at its own deploy is
+    # never picked by rollback: test_logs_releases.py covers that.)
+    import copy
+    wide = copy.deepcopy(TARGET["text_config"])
+    wide["max_position_embeddings"] = 400000
+    model_dir = lab.model_dir("explain-rollback-qwen", architectures=TARGET["architectures"],
+                              text_config=wide)
+    r1 = vllm(lab, "explain-rollback", "h1", 31407, ["max-model-len = 300000"], model_path=model_dir)
+    fab(lab, "deploy", profile=r1)
+    good = vllm(lab, "explain-rollback", "h1", 31407, model_path=model_dir)
     fab(lab, "deploy", profile=good)
-    r = fab(lab, "rollback", "--json", profile=good, code=1)
+    lab.model_dir("explain-rollback-qwen", architectures=TARGET["architectures"],
+                  text_config=TARGET["text_config"])
+    try:
+        r = fab(lab, "rollback", "--json", profile=good, code=1)
+    finally:  # the session's hosts are shared: leave nothing running (and holding stand-in GPU)
+        fab(lab, "stop", "--grace", "5", profile=good)
     record = json.loads(r.stdout.splitlines()[0])
     assert record["ok"] is False and record["fatal"]["rule"] == "max-model-len-too-long", r.stdout
     assert "`max-model-len = 262144`" in record["fatal"]["fix"]
