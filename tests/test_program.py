@@ -102,6 +102,20 @@ def listed(stdout):
     return [line.split()[0] for line in stdout.splitlines() if line.startswith("  ") and not line.startswith("   ")]
 
 
+def test_the_installed_package_holds_every_file_of_the_checkouts_tasks(installed, userdir):
+    # Code that ships files to a host (the agent's modules, the supervisor beside launch.py)
+    # reads them next to itself: a file the distribution leaves out breaks only installed users.
+    python, _, _ = installed
+    code = ("import importlib.util as u, pathlib; "
+            "root = pathlib.Path(u.find_spec('llmfab').origin).parent; "
+            "print('\\n'.join(sorted(str(p.relative_to(root)) for p in root.rglob('*.py') "
+            "if '__pycache__' not in p.parts)))")
+    have = set(ok(run([python, "-c", code], cwd=userdir)).stdout.split())
+    want = {str(p.relative_to(REPO / "tasks")) for p in (REPO / "tasks").rglob("*.py")
+            if "__pycache__" not in p.parts}
+    assert want <= have, f"not installed: {sorted(want - have)}"
+
+
 def test_the_distribution_puts_no_top_level_tasks_on_sys_path(installed, userdir):
     python, _, _ = installed
     code = ("import importlib.metadata as m, importlib.util as u; "
