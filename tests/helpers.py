@@ -61,8 +61,9 @@ def vllm_profile(lab, name, host, port, env=(), *, timeout=60, workdir=None, rea
     return write_profile(lab, name, lines)
 
 
-def fab(lab, *args, profile, code=0, env=None):
-    r = lab.fab(*args, profile=profile, timeout=240, env=env)
+def fab(lab, *args, profile, code=0, env=None, timeout=240):
+    """The real `fab ARGS --profile PROFILE` against the lab; it must exit `code`."""
+    r = lab.fab(*args, profile=profile, timeout=timeout, env=env)
     assert r.returncode == code, f"fab {' '.join(map(str, args))} exited {r.returncode}, not {code}\n" \
                                  f"--- stdout\n{r.stdout}\n--- stderr\n{r.stderr}"
     return r

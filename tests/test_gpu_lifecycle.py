@@ -6,10 +6,13 @@ fd source must find the processes. The stand-in vLLM holds fake GPU memory
 (STANDIN_GPU_MIB per GPU: a quarter in the server, the rest in its engine child) and
 keeps /dev/nvidia<N> open; the memory is freed when the process dies, as with a driver.
 """
+import functools
 import json
 
 import pytest
 
+import helpers
+from helpers import write_profile
 from lab import HostLab
 
 pytestmark = pytest.mark.e2e
@@ -30,15 +33,10 @@ def profile(lab, name, host, port, **env):
              "[server.args]", 'served-model-name = "m"', "tensor-parallel-size = 2", "[server.env]", f'STANDIN_GPU_MIB = "{MIB}"']
     lines += [f'{k} = "{v}"' for k, v in env.items()]
     lines += ["[ready]", "timeout = 60", "poll_interval = 0.2"]
-    path = lab.root / f"{name}.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_profile(lab, name, lines)
 
 
-def fab(lab, *args, profile, code=0):
-    r = lab.fab(*args, profile=profile, timeout=180)
-    assert r.returncode == code, f"fab {' '.join(args)} exited {r.returncode}\n{r.stdout}\n{r.stderr}"
-    return r
+fab = functools.partial(helpers.fab, timeout=180)
 
 
 def gpu_used(lab, host):

@@ -17,6 +17,8 @@ import urllib.request
 
 import pytest
 
+import helpers
+from helpers import write_profile
 from lab import REPO, HostLab, starttime, wait_for
 
 from tasks.profile.types import Target
@@ -48,14 +50,11 @@ def profile(lab, name, *, faulty, hosts=HOSTS, extra=()):
              "[server.env]", 'STANDIN_LOAD_SECONDS = "3"', f'STANDIN_EVENTS_FILE = "/tmp/{EVENTS}"']
     lines += [f'STANDIN_FAIL_FILE = "/tmp/{FAULT}"'] if faulty else []
     lines += ["[ready]", "timeout = 60", "poll_interval = 0.2"]
-    path = lab.root / f"{name}-{'new' if faulty else 'old'}.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_profile(lab, f"{name}-{'new' if faulty else 'old'}", lines)
 
 
 def fab(lab, *args, profile, code=0):
-    r = lab.fab(*args, profile=profile, timeout=400)
-    assert r.returncode == code, f"fab {args} exited {r.returncode}, not {code}\n{r.stdout}\n{r.stderr}"
+    r = helpers.fab(lab, *args, profile=profile, code=code, timeout=400)
     # (the stand-in's own start-up failure prints a traceback into the log: that is quoted)
     assert "internal error" not in r.stdout + r.stderr and "<frozen runpy>" not in r.stderr, r.stderr
     return r

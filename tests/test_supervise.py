@@ -6,6 +6,7 @@ fails (STANDIN_FAIL=oom), hangs after ready (STANDIN_HANG=http: nothing answers;
 outlives its parent holding stand-in GPU memory, which the stand-in driver frees only
 `teardown_s` after the holder is gone. Every wait is on a condition with a deadline.
 """
+import functools
 import json
 import os
 import signal
@@ -16,6 +17,8 @@ import time
 
 import pytest
 
+import helpers
+from helpers import write_profile
 from lab import REPO, HostLab, wait_for
 
 HOST = "h1"  # shares this machine's PID namespace: pids from the host are ours too
@@ -39,15 +42,10 @@ def profile(lab, name, port, env=(), supervise=(), timeout=60):
     lines += ["[ready]", f"timeout = {timeout}", "poll_interval = 0.2",
               "[supervise]", 'restart = "on-failure"']
     lines += [f"{k} = {json.dumps(v)}" for k, v in dict({"backoff": 1}, **dict(supervise)).items()]
-    path = lab.root / f"{name}.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_profile(lab, name, lines)
 
 
-def fab(lab, *args, profile, code=0):
-    r = lab.fab(*args, profile=profile, timeout=180)
-    assert r.returncode == code, f"fab {' '.join(args)}: {r.returncode}\n{r.stdout}\n{r.stderr}"
-    return r
+fab = functools.partial(helpers.fab, timeout=180)
 
 
 def release(lab, name):

@@ -14,6 +14,8 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import helpers
+from helpers import write_profile
 from lab import HostLab
 
 from tasks.errors import UsageError
@@ -37,14 +39,11 @@ def profile(lab, model_name):
              'host = "0.0.0.0"', f"port = {PORT}", "[server.args]", f'served-model-name = "{model_name}"',
              "[server.env]", 'STANDIN_LOAD_SECONDS = "0.5"', "[ready]", "timeout = 60",
              "poll_interval = 0.2"]
-    path = lab.root / f"tgt-{model_name}.toml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return write_profile(lab, f"tgt-{model_name}", lines)
 
 
 def fab(lab, *args, profile, code=0):
-    r = lab.fab(*args, profile=profile, timeout=300)
-    assert r.returncode == code, f"fab {args} exited {r.returncode}, not {code}\n{r.stdout}\n{r.stderr}"
+    r = helpers.fab(lab, *args, profile=profile, code=code, timeout=300)
     assert "Traceback" not in r.stdout + r.stderr, r.stderr
     return r
 
