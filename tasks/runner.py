@@ -43,20 +43,15 @@ def host_kwargs(c, profile, opts, python=None):
                 accept_new_host_keys=opts.accept_new_host_keys)
 
 
-def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python=None,
-             on_interrupt=None):
-    """Run op(host, reporter) -> HostResult on every host; exit with the worst code.
+def run_hosts(c, profile, op, opts, reporter, *, hosts, python=None, on_interrupt=None):
+    """Run op(host, reporter) -> HostResult on every host; [HostResult] in host order.
 
-    `on_interrupt()`: [(host, line)] printed on Ctrl-C before the general note (e.g. which
-    release keeps running where)."""
-    from .fanout import run_all, summarize, worst
-    from .report import Reporter
-
-    hosts = hosts or hosts_for(c, profile)
-    reporter = Reporter(hosts, json_mode=json_mode)
+    Ctrl-C: `on_interrupt()` gives [(host, line)] printed before the general note (e.g. which
+    release keeps running where), then Interrupted (exit 130)."""
+    from .fanout import run_all
     try:
-        results = run_all(hosts, lambda h: op(h, reporter), parallel=opts.parallel,
-                          reporter=reporter, host_kwargs=host_kwargs(c, profile, opts, python))
+        return run_all(hosts, lambda h: op(h, reporter), parallel=opts.parallel,
+                       reporter=reporter, host_kwargs=host_kwargs(c, profile, opts, python))
     except KeyboardInterrupt:
         for host, text in (on_interrupt() if on_interrupt else ()):
             reporter.line(host, text)
@@ -66,6 +61,18 @@ def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python
             sys.stderr.flush()
             os._exit(ExitCode.INTERRUPTED)  # worker threads cannot be interrupted; sockets close with us
         raise Interrupted() from None
+
+
+def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python=None,
+             on_interrupt=None):
+    """run_hosts, then the summary table; exit with the worst host's code."""
+    from .fanout import summarize, worst
+    from .report import Reporter
+
+    hosts = hosts or hosts_for(c, profile)
+    reporter = Reporter(hosts, json_mode=json_mode)
+    results = run_hosts(c, profile, op, opts, reporter, hosts=hosts, python=python,
+                        on_interrupt=on_interrupt)
     summarize(reporter, results, title)
     code = worst(r.code for r in results)
     if code:

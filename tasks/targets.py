@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 from .errors import ExitCode, UsageError
-from .fanout import HostResult, run_all, worst
+from .fanout import HostResult, worst
 
 WILDCARDS = ("0.0.0.0", "::", "", "localhost")
 
@@ -102,10 +102,10 @@ def write_atomically(path, text):
 
 
 def gather(hosts, profile, reporter, run):
-    """Entries in host order; `run(op)` runs op(host) -> HostResult on every host."""
+    """Entries in host order; `run(op)` runs op(host, reporter) -> HostResult on every host."""
     found = {}
 
-    def op(host):
+    def op(host, reporter):
         got, why = running_entry(host, profile, reporter)
         if got is None:
             reporter.line(host.name, f"left out: {why}")
@@ -128,15 +128,14 @@ def targets(c, opts):
     """Body of `fab targets` (opts: tasks.options.TargetsOptions)."""
     from .errors import TaskFailed
     from .report import Reporter
-    from .runner import host_kwargs, hosts_for, load
+    from .runner import hosts_for, load, run_hosts
     profile = load(c, opts.profile)
     if opts.out:
         out_path(opts.out)  # bad input: before any host is touched
     hosts = hosts_for(c, profile)
     reporter = Reporter(hosts, json_mode=True)  # human text on stderr: stdout is the document
-    kwargs = host_kwargs(c, profile, opts)
-    entries, results = gather(hosts, profile, reporter, lambda op: run_all(
-        hosts, op, parallel=opts.parallel, reporter=reporter, host_kwargs=kwargs))
+    entries, results = gather(hosts, profile, reporter,
+                              lambda op: run_hosts(c, profile, op, opts, reporter, hosts=hosts))
     text = render(entries)
     if opts.out:
         path = write_atomically(opts.out, text)
