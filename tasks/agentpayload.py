@@ -5,7 +5,7 @@ there travels without editing anything) plus the generated op index
 (hostside/registry.py, which refuses duplicate op names). Its content hash names
 the copy on the host.
 
-The one remote command per task and host is `PYTHON -c BOOTSTRAP DIGEST`. The
+The one remote command per task and host is `PYTHON -S -c BOOTSTRAP DIGEST`. The
 bootstrap looks for `~/.cache/llmfab/agent/<digest>/` (XDG_CACHE_HOME respected),
 checks that the directory is the user's own, not writable by others, and that its
 files hash to DIGEST, then imports the agent from there, so the profile's Python
@@ -20,11 +20,17 @@ and compiling ~90 KB of sources is most of a cold start.
 """
 import hashlib
 import json
+import threading
 from pathlib import Path
 
 from .hostside import registry
 
 HOSTSIDE = Path(__file__).with_name("hostside")
+
+# -S: no site start-up. The agent needs only the standard library, and an ML environment's
+# site (its .pth files) would cost every task on every host; what looks up an installed
+# package calls hostside.common.site_packages() first.
+AGENT_FLAGS = ("-S",)
 
 # Kept in step with digest() below (the same bytes hashed on both sides). Short names:
 # it travels as one argv word through the remote shell on every task. sha256 from the
@@ -107,11 +113,13 @@ class Payload:
 
 
 _cache = {}
+_cache_lock = threading.Lock()
 
 
 def payload(directory=HOSTSIDE):
-    """The payload of `directory`, built once per process."""
+    """The payload of `directory`, built once per process (every host's thread asks at once)."""
     key = str(directory)
-    if key not in _cache:
-        _cache[key] = Payload(directory)
-    return _cache[key]
+    with _cache_lock:
+        if key not in _cache:
+            _cache[key] = Payload(directory)
+        return _cache[key]

@@ -23,11 +23,12 @@ stop: after the server, Ray on every node (workers, then the head). status: the
 head's view (nodes alive, GPUs); a node missing makes the deployment unhealthy.
 Workers are handled all at once (a cluster is a handful of nodes), not by --parallel.
 """
-import dataclasses
+
 import threading
 import time
 
 from .errors import ExitCode, HostUnreachable, OperationFailed, UsageError
+from .record import replace
 from .fanout import HostResult, run_all, worst
 from .profile.types import Profile, Secret
 from .agentclient import AgentError
@@ -65,7 +66,7 @@ def server_profile(profile: Profile, head_ip):
     env.append(("VLLM_HOST_IP", head_ip))
     if not any(k == "RAY_ADDRESS" for k, _ in env):
         env.append(("RAY_ADDRESS", f"{head_ip}:{profile.cluster.ray_port}"))
-    return dataclasses.replace(profile, server=dataclasses.replace(profile.server, env=tuple(env)))
+    return replace(profile, server=replace(profile.server, env=tuple(env)))
 
 
 def call(host, op, **kw):

@@ -11,7 +11,6 @@ from .gpuwait import profile_devices
 from .launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
 from .lock import take_lock
-from .wait import wait_or_clean_up
 
 
 def release_files(profile: Profile):
@@ -100,6 +99,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
         return result
     if launched is not None:  # what Ctrl-C leaves running (the task body says so)
         launched[name] = server
+    from .wait import wait_or_clean_up  # here: --no-wait needs none of the wait's machinery
     try:
         facts = wait_or_clean_up(host, profile, ddir, server, reporter, task="deploy",
                                  timeout=opts.timeout, stop_on_timeout=opts.stop_on_timeout,
@@ -165,8 +165,7 @@ def _print_dry_run(c, profile, json_mode):
 
 def deploy(c, opts):
     """Body of `fab deploy` (opts: tasks.options.DeployOptions)."""
-    from .runner import hosts_for, load, run_task
-    from .wait import fab_hint
+    from .runner import fab_hint, hosts_for, load, run_task
     profile = load(c, opts.profile)
     if opts.dry_run:
         return _print_dry_run(c, profile, opts.json)

@@ -8,11 +8,10 @@ asks the host only when a rule needs it: who holds the GPU (the agent's `gpu_pro
 the survey `fab kill-gpu-procs --dry-run` prints) and the kernel's OOM-killer line of a
 SIGKILLed server (`kernel_oom`).
 """
-import base64
-
 from .errors import OperationFailed
-from .explain import Readings, explain
-from .logscan import LogScanner
+
+# The explainer and its rule tables (tasks/explain.py, tasks/failrules/: ~40 compiled
+# patterns) are imported when a server has failed, not by every task that may see one.
 
 
 class ServerFailed(OperationFailed):
@@ -26,6 +25,8 @@ class ServerFailed(OperationFailed):
 
 
 def host_readings(host, profile, server, exit=None):
+    from .explain import Readings
+
     def gpu_procs():
         return host.call("gpu_procs", nvidia_smi=profile.gpu.nvidia_smi, devices=None, timeout=30)
 
@@ -41,6 +42,7 @@ def host_readings(host, profile, server, exit=None):
 
 def server_failed(scanner, host, profile, server, exit=None):
     """The ServerFailed error for what `scanner` read of this server's log."""
+    from .explain import explain
     return ServerFailed(explain(scanner, host_readings(host, profile, server, exit)), server)
 
 
@@ -48,7 +50,10 @@ def explain_dead(host, profile, ddir, server, exit=None, lines=400):
     """Why a server that is not running ended (status), or None when nothing says it failed:
     no known line and an exit status a stop gives (0, SIGTERM, or SIGKILL without the OOM
     killer; a stopped server may log a traceback of its shutdown, so that says nothing)."""
+    import base64
     from .agentclient import AgentError
+    from .explain import explain
+    from .logscan import LogScanner
     try:
         tail = host.call("log_tail", deploy_dir=ddir, release=server["release"], lines=lines)
     except AgentError:

@@ -8,8 +8,6 @@ keeps some bookkeeping, and other tenants of a shared GPU move a little. The wai
 the host (one nvidia-smi reading per tick, every POLL_S) with tenacity for at most
 FREE_TIMEOUT_S, then fails naming every process still on those GPUs.
 """
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
-
 from .errors import OperationFailed
 
 TOLERANCE_MIB = 256
@@ -77,6 +75,7 @@ def wait_freed(host, *, nvidia_smi, limits, timeout=FREE_TIMEOUT_S, sleep=None, 
 
     kw = {"sleep": sleep} if sleep is not None else {}
     try:
+        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
         for attempt in Retrying(retry=retry_if_exception_type(NotFreedYet), stop=stop_after_delay(timeout),
                                 wait=wait_fixed(POLL_S), reraise=True, **kw):
             with attempt:

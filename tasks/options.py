@@ -6,12 +6,11 @@ Invoke hands flags over as text or as the defaults in tasks/cli.py; every conver
 check happens here, so a bad value is one UsageError (exit 2) before any host is touched,
 and task bodies read typed fields instead of a dict they could write into.
 """
-import dataclasses
 import re
-from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from .errors import UsageError
+from .record import Record, fields
 
 RELEASE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -60,8 +59,7 @@ def gpu_list(text):
     return out
 
 
-@dataclass(frozen=True)
-class Common:
+class Common(Record):
     """Options every task takes."""
     profile: Optional[str] = None
     parallel: int = 32
@@ -74,7 +72,7 @@ class Common:
         flags.pop("c", None)
         flags["parallel"] = whole("parallel", flags.get("parallel"), 1, 32)
         flags["accept_new_host_keys"] = bool(flags.get("accept_new_host_keys"))
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = set(fields(cls))
         unknown = set(flags) - names
         if unknown:  # a task passing a flag its record lacks: a bug here, not the user's
             raise TypeError(f"{cls.__name__} has no option(s) {sorted(unknown)}")
@@ -85,7 +83,6 @@ class Common:
         return flags
 
 
-@dataclass(frozen=True)
 class DeployOptions(Common):
     dry_run: bool = False
     no_wait: bool = False
@@ -107,17 +104,14 @@ class DeployOptions(Common):
         return flags
 
 
-@dataclass(frozen=True)
 class CheckOptions(Common):
     json: bool = False
 
 
-@dataclass(frozen=True)
 class StatusOptions(Common):
     json: bool = False
 
 
-@dataclass(frozen=True)
 class StopOptions(Common):
     grace: float = 30.0
 
@@ -128,7 +122,6 @@ class StopOptions(Common):
         return flags
 
 
-@dataclass(frozen=True)
 class TailLogOptions(Common):
     lines: int = 50
     follow: bool = False
@@ -162,7 +155,6 @@ class TailLogOptions(Common):
         return re.compile(self.grep) if self.grep else None
 
 
-@dataclass(frozen=True)
 class ReleasesOptions(Common):
     json: bool = False
     keep: Optional[int] = None
@@ -179,7 +171,6 @@ class ReleasesOptions(Common):
         return flags
 
 
-@dataclass(frozen=True)
 class RollbackOptions(Common):
     timeout: Optional[float] = None
     no_wait: bool = False
@@ -191,7 +182,6 @@ class RollbackOptions(Common):
         return flags
 
 
-@dataclass(frozen=True)
 class KillGpuProcsOptions(Common):
     gpus: Optional[Tuple[int, ...]] = None
     all: bool = False
@@ -210,7 +200,6 @@ class KillGpuProcsOptions(Common):
         return flags
 
 
-@dataclass(frozen=True)
 class TargetsOptions(Common):
     out: Optional[str] = None        # the file_sd file, replaced atomically; None: stdout
 
@@ -218,7 +207,6 @@ class TargetsOptions(Common):
 BENCH_DEFAULTS = {"requests": 32, "concurrency": 4, "max_tokens": 128}
 
 
-@dataclass(frozen=True)
 class BenchOptions(Common):
     requests: int = BENCH_DEFAULTS["requests"]
     concurrency: int = BENCH_DEFAULTS["concurrency"]

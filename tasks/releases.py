@@ -19,7 +19,7 @@ the old release's saved profile.toml, falling back to the given profile's settin
 Releases that never started (no server.log), or whose server failed to start (a failed
 deploy leaves start-failed.json in its release), are skipped.
 """
-import dataclasses
+
 import datetime
 import os
 import signal
@@ -27,6 +27,7 @@ import tempfile
 
 from .errors import OperationFailed
 from .fanout import HostResult
+from .record import replace
 
 
 def describe_end(rec):
@@ -196,7 +197,7 @@ def rollback_host(host, profile, opts, reporter, to=None):
         reporter.line(name, f"note: {prev}/profile.toml unreadable; readiness settings come "
                             f"from {profile.path.name}")
     # Hints such as `fab stop --profile ...` must name the user's file, not a temporary copy.
-    old = dataclasses.replace(old, path=profile.path)
+    old = replace(old, path=profile.path)
     reporter.line(name, f"rolling back from {current} to {prev}")
     stop_deployment(host, ddir, reporter)
     # The old release's gpu-baseline.json is from its first launch: take today's, so
@@ -213,7 +214,7 @@ def rollback_host(host, profile, opts, reporter, to=None):
     if opts.no_wait:
         return result
     if server.get("port") is not None and server["port"] != old.server.port:
-        old = dataclasses.replace(old, server=dataclasses.replace(old.server, port=server["port"]))
+        old = replace(old, server=replace(old.server, port=server["port"]))
     facts = wait_or_clean_up(host, old, ddir, server, reporter, task="rollback",
                              timeout=opts.timeout, log_offset=launched.get("log_offset", 0),
                              stale_agent=hello.get("pid"))

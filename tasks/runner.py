@@ -15,6 +15,12 @@ INTERRUPT_NOTE = ("interrupted: nothing on the host(s) was stopped; servers alre
                   "running (see `fab status`, stop them with `fab stop`)")
 
 
+def fab_hint(profile, task):
+    """The exact `fab TASK` for this profile (a bare `fab stop` would use the default one)."""
+    import shlex
+    return f"fab {task} --profile {shlex.quote(str(profile.path))}"
+
+
 def load(c, profile_arg):
     """The validated profile; ProfileError (exit 2) naming the file and key."""
     from .profile import load_profile, resolve_profile_path

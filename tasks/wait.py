@@ -11,7 +11,6 @@ answers early on a line that may be fatal; this side's LogScanner still decides.
 dropped connection is re-opened (bounded) and the wait goes on from the same log
 offset; nothing is relaunched.
 """
-import shlex
 import time
 
 from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_delay,
@@ -22,6 +21,7 @@ from .errors import HostUnreachable, OperationFailed
 from .failreport import server_failed
 from .logscan import LogScanner
 from .agentclient import AgentStartFailed, ConnectionLost
+from .runner import fab_hint
 
 RECONNECT_BUDGET_S = 120
 ANSWER_MARGIN_S = 30  # a watch answers within its wait_s; this much later the connection is dead
@@ -132,11 +132,6 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
             details=scanner.tail(20))
         err.what = what  # without the "still running" part, for callers that stop it
         raise err from None
-
-
-def fab_hint(profile, task):
-    """The exact `fab TASK` for this profile (a bare `fab stop` would use the default one)."""
-    return f"fab {task} --profile {shlex.quote(str(profile.path))}"
 
 
 def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=None,

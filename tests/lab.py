@@ -576,12 +576,25 @@ class HostLab:
         host.home.chmod(0o700)
         host.tmp.chmod(0o1777)
         smi = host.bin / "nvidia-smi"
-        shutil.copy2(Path(_fakegpu.__file__), smi)
+        smi.write_text(self._nvidia_smi_script())
         smi.chmod(0o755)
         fake = host.tmp / "fakegpu"
         _fakegpu.write_gpus(str(fake), self._gpus, uuid_seed="%d-%s" % (self.slot, host.alias))
         if host.pidns:
             (fake / "hostproc").mkdir()
+
+    def _nvidia_smi_script(self):
+        """Each host's /usr/local/bin/nvidia-smi: a few lines that import the stand-in from the
+        lab's copy, compiled once here, so no run compiles its 600 lines again (a real
+        nvidia-smi is a binary: benchmarks/ count its CPU in llmfab's host cost)."""
+        shared = self.root / "standins"
+        if not (shared / "nvidia_smi.py").exists():
+            shared.mkdir(exist_ok=True)
+            shutil.copy2(Path(_fakegpu.__file__), shared / "nvidia_smi.py")
+            _run([SYSTEM_PYTHON, "-m", "py_compile", str(shared / "nvidia_smi.py")])
+        return ("#!%s -S\n# The llmfab test lab's stand-in nvidia-smi: tests/standins/nvidia_smi.py\n"
+                "import sys\nsys.path.insert(0, %r)\nfrom nvidia_smi import main\nsys.exit(main())\n"
+                % (SYSTEM_PYTHON, str(shared)))
 
     def _ensure_dev_nodes(self, count):
         with _run_dir_lock():

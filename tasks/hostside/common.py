@@ -1,6 +1,8 @@
 """Shared by the host-side modules: the error type, per-agent state, small file helpers."""
 import json
 import os
+import sys
+import time
 
 # State that lives as long as the agent process (e.g. open lock files).
 CONTEXT = {}
@@ -13,6 +15,36 @@ class HostError(Exception):
         super().__init__(message)
         self.kind = kind
         self.data = data
+
+
+def site_packages():
+    """Put the interpreter's site-packages (and its .pth files) on sys.path, once.
+
+    The agent runs with `python -S` (tasks/agentpayload.py AGENT_FLAGS): most tasks need only the
+    standard library, and an ML environment's site start-up (dozens of .pth files) is paid
+    by every task on every host otherwise. What looks up an installed package (the engine's
+    version, Ray) calls this first; site.main() is what the interpreter would have run."""
+    if sys.flags.no_site and not CONTEXT.get("site"):
+        import site
+        site.main()
+    CONTEXT["site"] = True
+
+
+def utc_iso(t=None):
+    """2026-12-01T11:00:00+00:00: datetime's isoformat(timespec="seconds") in UTC, without
+    importing datetime on every agent start."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime(t))
+
+
+def which(name):
+    """shutil.which(name) for an executable, without importing shutil (bz2, lzma, fnmatch)."""
+    if os.sep in name:
+        return name if os.path.isfile(name) and os.access(name, os.X_OK) else None
+    for d in (os.environ.get("PATH") or os.defpath).split(os.pathsep):
+        path = os.path.join(d or ".", name)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def expand(path):

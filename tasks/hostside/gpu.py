@@ -7,11 +7,10 @@ around it have fixed positions, so the name is whatever lies between them. Lines
 that do not parse (a header, "No devices were found") are skipped.
 """
 import os
-import shutil
 import subprocess
 import time
 
-from .common import expand, write_json
+from .common import expand, which, write_json
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
 APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")
@@ -98,7 +97,7 @@ def _run(argv):
 
 
 def available(nvidia_smi="nvidia-smi"):
-    return shutil.which(nvidia_smi) is not None
+    return which(nvidia_smi) is not None
 
 
 # The agent's latest reading per nvidia-smi path: (time.monotonic(), gpus, error).

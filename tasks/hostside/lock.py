@@ -1,15 +1,13 @@
 """The deployment's lock (host side): a flock on <workdir>/<name>/.lock that dies with
 its agent, naming its holder; a stale agent of this very task may be ended.
 """
-import datetime
 import fcntl
 import json
 import os
 import signal
-import socket
 import time
 
-from .common import CONTEXT, HostError, expand
+from .common import CONTEXT, HostError, expand, utc_iso
 
 
 def op_lock(req):
@@ -33,10 +31,10 @@ def op_lock(req):
     info = {
         "user": req.get("user") or "?",
         "from": req.get("client") or "?",
-        "host": socket.gethostname(),
+        "host": os.uname().nodename,  # what socket.gethostname() says, without importing socket
         "pid": os.getpid(),
         "task": req.get("task") or "?",
-        "since": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "since": utc_iso(),
     }
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
@@ -57,7 +55,7 @@ def _end_stale_agent(fd, holder, stale_pid):
     session the host has not noticed) and came back. If that very agent still holds the
     lock, end it and take the lock: it serves nobody. Returns its pid, or None."""
     if not stale_pid or not isinstance(holder, dict) or holder.get("pid") != stale_pid \
-            or holder.get("host") != socket.gethostname() or stale_pid == os.getpid():
+            or holder.get("host") != os.uname().nodename or stale_pid == os.getpid():
         return None
     try:
         with open("/proc/%d/cmdline" % stale_pid, "rb") as f:

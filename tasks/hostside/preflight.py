@@ -4,12 +4,10 @@ Each check is {check, status: OK | WARN | FAIL, message}. A FAIL stops the deplo
 (exit 1) with nothing launched; WARN is printed and the deploy goes on.
 """
 import os
-import platform
-import shutil
 import sys
 
-from . import gpu, modelcheck, probe, specdoctor
-from .common import group_members
+from . import gpu, modelcheck, probe
+from .common import group_members, site_packages, which
 
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 MIN_DISK_FREE_MIB = 16  # below this a release, let alone its log, may not fit
@@ -22,13 +20,14 @@ def _rec(check, status, message):
 def check_python():
     ok = sys.version_info >= (3, 9)
     return _rec("python", "OK" if ok else "FAIL",
-                "%s (Python %s)" % (sys.executable, platform.python_version())
+                "%s (Python %s)" % (sys.executable, sys.version.split()[0])
                 + ("" if ok else ": llmfab's launcher needs Python >= 3.9"))
 
 
 def check_engine(engine, argv0=None):
     if engine in ENGINE_PACKAGES:
         pkg = ENGINE_PACKAGES[engine]
+        site_packages()
         import importlib.util
         import importlib.metadata as md
         if importlib.util.find_spec(pkg) is None:
@@ -41,7 +40,7 @@ def check_engine(engine, argv0=None):
         return _rec("engine", "OK", "%s %s" % (pkg, version))
     if argv0 is None:
         return _rec("engine", "OK", "command")
-    found = argv0 if os.path.isabs(argv0) else shutil.which(argv0)
+    found = argv0 if os.path.isabs(argv0) else which(argv0)
     if argv0 and not os.path.isabs(argv0) and found is None and "/" in argv0:
         return _rec("engine", "OK", "command %s (relative to the release directory)" % argv0)
     if found is None or not os.path.exists(found):
@@ -127,7 +126,9 @@ def run(req):
     checks = [check_python(), check_engine(req["engine"], req.get("argv0"))]
     checks += check_paths(req.get("paths", []))
     checks += modelcheck.run(req.get("models"))
-    checks += specdoctor.checks(specdoctor.run(req.get("doctor"))[1])  # rules of specrules.py
+    if (req.get("doctor") or {}).get("method"):  # rules of specrules.py (a speculative method)
+        from . import specdoctor
+        checks += specdoctor.checks(specdoctor.run(req["doctor"])[1])
     checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
     if req.get("deploy_dir"):
         checks.append(check_disk(req["deploy_dir"]))

@@ -2,7 +2,6 @@
 import errno
 import json
 import os
-import socket
 
 from . import gpu
 from .common import cmdline, expand, pid_alive, read_json
@@ -46,11 +45,14 @@ def served_models(port, path, host="127.0.0.1"):
 
 def _listening_inodes(port):
     inodes = set()
+    local_port = ":%04X " % port  # the local address field ends so; most lines are skipped unsplit
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(table) as f:
                 next(f)
                 for line in f:
+                    if local_port not in line:
+                        continue
                     parts = line.split()
                     local, state, inode = parts[1], parts[3], parts[9]
                     if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
@@ -85,6 +87,9 @@ def port_in_use(host, port):
     """None if free, else a description of who holds it."""
     listening = bool(_listening_inodes(port))
     if not listening:
+        # _socket is the C module behind socket.py, whose enums cost every preflight
+        # ~5 ms to build at import; a bind needs none of them.
+        import _socket as socket
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         s = socket.socket(family, socket.SOCK_STREAM)
         # Servers set SO_REUSEADDR too: connections of a just-stopped server lingering

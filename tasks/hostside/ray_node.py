@@ -20,7 +20,8 @@ import sys
 import time
 
 from . import gpu
-from .common import HostError, cmdline, expand, group_members, pid_alive, pids_marked, read_json, write_json
+from .common import (HostError, cmdline, expand, group_members, pid_alive, pids_marked, read_json,
+                     site_packages, write_json)
 
 MARKER = "LLMFAB_RAY"
 STARTED = b"Ray runtime started"
@@ -107,6 +108,7 @@ def _count_gpus(req):
 
 def op_ray_start(req):
     """Start this node (role head|worker) detached and wait for `Ray runtime started`."""
+    site_packages()
     import importlib.util
     if importlib.util.find_spec("ray") is None:
         raise HostError("Ray is not installed for %s on this host: install it there (pip install "

@@ -5,12 +5,11 @@
 
 A release whose server failed to start holds start-failed.json (op mark_failed).
 """
-import datetime
 import json
 import os
-import shutil
+import time
 
-from .common import HostError, expand
+from .common import HostError, expand, utc_iso
 
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 
@@ -20,7 +19,7 @@ def op_new_release(req):
     ddir = expand(req["deploy_dir"])
     rdir = os.path.join(ddir, "releases")
     os.makedirs(rdir, mode=0o700, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime(STAMP_FORMAT)
+    stamp = time.strftime(STAMP_FORMAT, time.gmtime())
     for n in range(1, 1000):
         name = stamp if n == 1 else "%s-%d" % (stamp, n)
         path = os.path.join(rdir, name)
@@ -39,6 +38,7 @@ def op_discard_release(req):
     path = os.path.join(ddir, "releases", req["release"])
     if current_release(ddir) != req["release"] and os.path.isdir(path) \
             and not os.path.exists(os.path.join(path, "server.log")):
+        import shutil
         shutil.rmtree(path, ignore_errors=True)
     return {}
 
@@ -88,6 +88,7 @@ def prune(ddir, keep):
             break
         if n in protected:
             continue
+        import shutil  # here: only a prune that removes something needs it
         shutil.rmtree(os.path.join(ddir, "releases", n), ignore_errors=True)
         removed.append(n)
         excess -= 1
@@ -103,7 +104,7 @@ def op_mark_failed(req):
     path = os.path.join(expand(req["deploy_dir"]), "releases", req["release"])
     if not os.path.isdir(path):
         raise HostError("no release %s in %s" % (req["release"], req["deploy_dir"]), kind="no_release")
-    record = {"failed_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    record = {"failed_at": utc_iso(),
               "rule": req.get("rule"), "cause": req.get("cause")}
     tmp = os.path.join(path, "." + FAILED_FILE + ".tmp")
     with open(tmp, "w") as f:

@@ -10,6 +10,7 @@ Standard library only; Python >= 3.9.
 """
 
 from . import specfacts, versions
+from .common import site_packages
 from .specrules import RULES
 
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
@@ -59,6 +60,7 @@ def engine_version(engine):
         return None
     # Imported here: importlib.metadata pulls in email, pathlib, zipfile (~20 ms of every
     # agent start); only a profile with a speculative method asks for the version.
+    site_packages()
     import importlib.metadata as md
     try:
         return md.version(pkg)

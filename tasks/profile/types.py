@@ -4,8 +4,7 @@
 Mappings are kept as tuples of (key, value) pairs in file order so the objects
 stay hashable and immutable; `dict(pairs)` gives a plain dict when needed.
 """
-from dataclasses import dataclass, field
-
+from ..record import Record
 from .checktable import CheckCfg
 from pathlib import Path
 from typing import Optional, Tuple, Union
@@ -13,12 +12,11 @@ from typing import Optional, Tuple, Union
 ENGINES = ("vllm", "sglang", "command")
 
 
-@dataclass(frozen=True)
-class Secret:
+class Secret(Record, hidden=("value",)):
     """An env value read from the operator's environment (`{ from_env = "NAME" }`)."""
 
     source: str                      # the local environment variable it came from
-    value: str = field(repr=False)   # never printed, never on argv
+    value: str                       # never printed (hidden), never on argv
 
     def __str__(self):
         return f"<secret from ${self.source}>"
@@ -30,8 +28,7 @@ class Secret:
 ArgValue = Union[str, int, float, bool, Tuple[Union[str, int, float, bool], ...], "JsonTable"]
 
 
-@dataclass(frozen=True)
-class JsonTable:
+class JsonTable(Record):
     """A table-valued flag (e.g. speculative-config), rendered as ONE argv element of compact JSON.
 
     `text` is compact JSON (`separators=(",", ":")`, key order as written, ensure_ascii=False).
@@ -44,8 +41,7 @@ class JsonTable:
         return json.loads(self.text)
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(Record):
     hosts: Tuple[str, ...]           # () means: this machine, no SSH (same as ("local",))
     name: str                        # deployment name: [A-Za-z0-9._-], not "." / ".."
     workdir: str                     # on the host; "~" allowed at the start
@@ -53,8 +49,7 @@ class Target:
     rolling: Optional[int] = None    # deploy in batches of N hosts (tasks/rolling.py); None: all at once
 
 
-@dataclass(frozen=True)
-class Server:
+class Server(Record):
     engine: str                                  # one of ENGINES
     python: Optional[str]                        # interpreter on the host; None -> "python3"
     model: Optional[str]
@@ -76,8 +71,7 @@ class Server:
         return default
 
 
-@dataclass(frozen=True)
-class Ready:
+class Ready(Record):
     timeout: float = 1800.0
     poll_interval: float = 1.0
     health_path: str = "/health"
@@ -85,15 +79,13 @@ class Ready:
     served_name: Optional[str] = None            # None -> derived, see Profile.served_name
 
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(Record):
     devices: Optional[Tuple[int, ...]] = None    # None -> CUDA_VISIBLE_DEVICES, else all
     min_free_mib: int = 0
     nvidia_smi: str = "nvidia-smi"               # path or name on the host
 
 
-@dataclass(frozen=True)
-class Cluster:
+class Cluster(Record):
     backend: str                                 # "ray"
     workers: Tuple[str, ...]
     ray_port: int = 6379
@@ -103,8 +95,7 @@ class Cluster:
 RESTART_POLICIES = ("no", "on-failure", "always")
 
 
-@dataclass(frozen=True)
-class Supervise:
+class Supervise(Record):
     """[supervise]: restarts by the launcher's reaper on the host (DESIGN.md "Supervision")."""
     restart: str = "no"                          # one of RESTART_POLICIES
     max_restarts: int = 5                        # within `window` s; one more gives up
@@ -119,8 +110,7 @@ class Supervise:
         return self.restart != "no"
 
 
-@dataclass(frozen=True)
-class Profile:
+class Profile(Record):
     path: Path                                   # the file given by the user (resolved)
     target: Target
     server: Server

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -S
 """Stand-in for `nvidia-smi` on test hosts (no GPU here), and the fake "driver" behind it.
 
 The lab installs this file as an executable `nvidia-smi` in each test host's /usr/local/bin.
@@ -22,9 +22,13 @@ time match); dead ones are ignored, like the driver freeing a dead context's mem
 Return codes follow nvidia-smi(1): 2 for an invalid argument or field, 6 for an -i that
 matches no GPU, 9 when the driver is not loaded.
 Standard library only (it runs with the system python3 on the hosts).
+
+It costs about what the real one does, since benchmarks/ count it in llmfab's host CPU:
+the real nvidia-smi took 20 ms of CPU per query on an H200 host (driver 580). Hence
+`python3 -S` (no site start-up), and a query reads the driver's JSON files with the C
+scanner behind the json module (`_loads`): importing json (re, enum) alone would cost 14 ms
+of this machine's ~30. Writers (the lab, registrations) import json as usual.
 """
-import hashlib
-import json
 import os
 import stat
 import sys
@@ -74,6 +78,42 @@ APP_FIELDS = {
 }
 
 
+class _Context:
+    """What json's C scanner reads from a decoder: json.loads' defaults."""
+    strict = True
+    object_hook = None
+    object_pairs_hook = None
+    parse_float = float
+    parse_int = int
+    parse_constant = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}.__getitem__
+
+
+_scan = []
+
+
+def _loads(text):
+    """json.loads(text), without importing json (see the note at the top)."""
+    if not _scan:
+        try:
+            from _json import make_scanner
+        except ImportError:  # a Python without the C accelerator
+            import json
+            return json.loads(text)
+        _scan.append(make_scanner(_Context()))
+    text = text.strip()
+    try:
+        obj, end = _scan[0](text, 0)
+    except StopIteration as e:
+        raise ValueError("invalid JSON at character %s" % e.value) from None
+    if end != len(text):
+        raise ValueError("extra data after JSON at character %d" % end)
+    return obj
+
+
+def _load(f):
+    return _loads(f.read())
+
+
 def fakegpu_dir():
     return os.environ.get("FAKEGPU_DIR", DEFAULT_DIR)
 
@@ -91,6 +131,7 @@ def write_gpus(directory, count=2, *, name=DEFAULT_GPU_NAME, total_mib=DEFAULT_T
     """
     os.makedirs(os.path.join(directory, "procs"), exist_ok=True)
     os.chmod(os.path.join(directory, "procs"), 0o1777)
+    import hashlib  # here: every nvidia-smi run would pay for it (see the note at the top)
     gpus = []
     for i in range(count):
         h = hashlib.sha1(("%s/%d" % (uuid_seed, i)).encode()).hexdigest()
@@ -101,6 +142,7 @@ def write_gpus(directory, count=2, *, name=DEFAULT_GPU_NAME, total_mib=DEFAULT_T
                      "pci_bus_id": "00000000:%02X:00.0" % (0x18 + 8 * i),
                      "fields": dict(fields or {})})
     path = os.path.join(directory, "gpus.json")
+    import json
     with open(path + ".tmp", "w") as f:
         json.dump(gpus, f, indent=1)
     os.replace(path + ".tmp", path)
@@ -111,7 +153,7 @@ def load_gpus(directory=None):
     """The GPU list, or None when there is no driver (no gpus.json)."""
     try:
         with open(os.path.join(directory or fakegpu_dir(), "gpus.json")) as f:
-            return json.load(f)
+            return _load(f)
     except FileNotFoundError:
         return None
 
@@ -178,6 +220,7 @@ def register(gpu_index, mib, *, directory=None, name=None):
     procs = os.path.join(directory, "procs")
     os.makedirs(procs, exist_ok=True)
     path = os.path.join(procs, "%d-%d.json" % (host_pid, gpu_index))
+    import json
     with open(path + ".tmp", "w") as f:
         json.dump(record, f)
     os.replace(path + ".tmp", path)
@@ -208,7 +251,7 @@ def live_registrations(directory=None):
             continue
         try:
             with open(os.path.join(procs, entry)) as f:
-                rec = json.load(f)
+                rec = _load(f)
         except (OSError, ValueError):
             continue
         if rec.get("starttime") is not None and "released_at" not in rec and \
@@ -243,7 +286,7 @@ def teardown_seconds(directory, since=False):
 def read_registration(path):
     try:
         with open(path) as f:
-            return json.load(f)
+            return _load(f)
     except (OSError, ValueError):
         return None
 
@@ -251,10 +294,11 @@ def read_registration(path):
 def _mark_gone(path, key):
     try:
         with open(path) as f:
-            rec = json.load(f)
+            rec = _load(f)
     except (OSError, ValueError):
         return None
     rec.setdefault(key, time.time())
+    import json
     with open(path + ".tmp", "w") as f:
         json.dump(rec, f)
     os.replace(path + ".tmp", path)
@@ -290,6 +334,7 @@ def record_reading(directory, rows):
     line = {"t": time.time(), "used": {str(g["index"]): used for g, used, _ in rows},
             "pids": sorted({r["host_pid"] for _, _, regs in rows for r in regs}),
             "lingering": sorted({r["host_pid"] for r in lingering})}
+    import json
     with open(path, "a") as f:
         f.write(json.dumps(line) + "\n")
 
