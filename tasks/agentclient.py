@@ -43,6 +43,38 @@ def is_local(name):
     return name in LOCAL_NAMES
 
 
+class _SshStream:
+    """The agent's stdin and stdout on its SSH channel, read by lines.
+
+    Not paramiko's ChannelFile: its __del__ flushes its write buffer, which fails noisily
+    ("Exception ignored in BufferedFile.__del__ ... I/O operation on closed file") when an
+    interrupted task's channel is collected at exit after that buffer."""
+
+    def __init__(self, chan):
+        self._chan = chan
+        self._buf = bytearray()
+
+    def write(self, data):
+        self._chan.sendall(data)
+
+    def flush(self):
+        pass
+
+    def readline(self):
+        while True:
+            end = self._buf.find(b"\n") + 1
+            if end:
+                line = bytes(self._buf[:end])
+                del self._buf[:end]
+                return line
+            data = self._chan.recv(65536)
+            if not data:  # EOF: what is left, then b""
+                line = bytes(self._buf)
+                self._buf.clear()
+                return line
+            self._buf += data
+
+
 class _Channel:
     """Request/response over a byte stream pair, one JSON object per line."""
 
@@ -106,6 +138,7 @@ class Host:
         self.accept_new_host_keys = accept_new_host_keys
         self.cxn = None
         self._chan = None
+        self._ssh_chan = None
         self._proc = None
         self._sftp = None
         self.stats = {"connections": 0, "commands": 0, "requests": 0}
@@ -121,7 +154,7 @@ class Host:
         self.stats["connections"] += 1
 
     def close(self):
-        chan, self._chan = self._chan, None
+        self._chan = None
         if self._proc is not None:
             try:
                 self._proc.stdin.close()
@@ -129,9 +162,10 @@ class Host:
             except (OSError, subprocess.TimeoutExpired):
                 self._proc.kill()
             self._proc = None
-        if chan is not None:
+        ssh_chan, self._ssh_chan = self._ssh_chan, None
+        if ssh_chan is not None:
             try:
-                chan.close()
+                ssh_chan.close()  # the agent sees EOF and ends
             except Exception:
                 pass
         if self._sftp is not None:
@@ -175,8 +209,8 @@ class Host:
             except Exception as e:
                 raise ConnectionLost(f"cannot start a command: {e}") from e
             self._ssh_chan = ssh_chan
-            self._chan = _Channel(ssh_chan.makefile_stdin("wb"), ssh_chan.makefile("rb"),
-                                  self._ssh_death)
+            stream = _SshStream(ssh_chan)
+            self._chan = _Channel(stream, stream, self._ssh_death)
         try:
             first = self._chan.receive_first()
             if first.get("need"):  # the host lacks this version of the agent's code
@@ -208,6 +242,8 @@ class Host:
 
     def _ssh_death(self):
         chan = self._ssh_chan
+        if chan is None:
+            return "connection closed"
         if chan.status_event.wait(2) and chan.exit_status_ready():
             err = b""
             while chan.recv_stderr_ready():
@@ -227,6 +263,12 @@ class Host:
         if resp.get("ok"):
             return resp["result"]
         raise AgentError(resp.get("error", "?"), resp.get("kind", "failed"), resp.get("data"))
+
+    def batch(self, calls, timeout=None):
+        """[(op, kwargs)] in one request (the agent's op `batch`): their results, in order.
+        They run one after the other on the host and the first failure ends the batch:
+        its AgentError is raised as that call's own, and nothing after it ran."""
+        return self.call("batch", calls=[dict(kw, op=op) for op, kw in calls], timeout=timeout)
 
     # -- files --------------------------------------------------------------------------
     def put(self, data: bytes, path: str, mode: int = 0o644):

@@ -15,6 +15,9 @@ writes it into a fresh 0700 directory, verifies the hash again and renames it in
 place; a tampered or half-written copy is moved aside and removed, never run. Where
 the cache cannot be written (read-only home) it runs from a private temporary copy.
 Its first output line after that is the agent's hello record (agent.serve(greet=...)).
+When the client closes the channel the agent ends at once (os._exit: every answer is
+flushed and nothing else needs an orderly interpreter shutdown, which cost each task
+a few ms of CPU per host).
 Bytecode is written even under PYTHONDONTWRITEBYTECODE: the cache directory is ours,
 and compiling ~90 KB of sources is most of a cold start.
 """
@@ -84,6 +87,7 @@ else:
 sys.path.insert(0,V);sys.dont_write_bytecode=False
 from llmfab_host import agent
 agent.serve(I,O,greet={'agent_dir':V,'code':how})
+O.flush();os._exit(0)
 """
 
 

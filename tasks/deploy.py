@@ -10,7 +10,7 @@ from .preflight import deploy_dir, exposure_checks, preflight_request, run_prefl
 from .gpuwait import profile_devices
 from .launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
-from .lock import take_lock
+from .lock import locked
 
 
 def release_files(profile: Profile):
@@ -44,9 +44,21 @@ def dry_run_text(profile: Profile):
 
 
 def push_release(host, profile, ddir):
-    rel = host.call("new_release", deploy_dir=ddir)
+    """A new release directory holding release_files(profile). The files go with the request
+    that makes it (one round trip), up to AGENT_PUT_MAX bytes in all; the rest one by one
+    (Host.put: over the agent's channel, or SFTP for a large one)."""
+    import base64
+    from .agentclient import AGENT_PUT_MAX
+    inline, rest, size = [], [], 0
+    for name, data, mode in release_files(profile):
+        if size + len(data) <= AGENT_PUT_MAX:
+            inline.append([name, mode, base64.b64encode(data).decode("ascii")])
+            size += len(data)
+        else:
+            rest.append((name, data, mode))
+    rel = host.call("new_release", deploy_dir=ddir, files=inline)
     try:
-        for name, data, mode in release_files(profile):
+        for name, data, mode in rest:
             host.put(data, f"{rel['path']}/{name}", mode)
     except Exception:
         try:
@@ -70,8 +82,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     ddir = deploy_dir(profile)
     hello = host.start()
     reporter.line(name, f"connected: {hello['user']}@{hello['hostname']}, Python {hello['python']}")
-    take_lock(host, ddir, "deploy")
-    state = host.call("state", deploy_dir=ddir)
+    state = locked(host, ddir, "deploy", then=[("state", {"deploy_dir": ddir})])[1]
     # A supervisor waiting to restart counts as running: it would relaunch the old release.
     running = state["alive"] or (state.get("supervisor") or {}).get("state") in SUPERVISING
     checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
@@ -85,10 +96,13 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     # What the GPUs hold without this server: `fab stop` waits until they are back to it.
     # Nothing stopped or started since preflight: its reading is it (no second nvidia-smi).
     reuse_s = None if running or before_launch is not None else 2.0
-    host.call("gpu_baseline", deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
-              devices=profile_devices(profile), reuse_s=reuse_s, timeout=60)
-    server = host.call("launch", deploy_dir=ddir, release=rel["release"],
-                       python=profile.server.interpreter, keep=profile.target.keep_releases)["server"]
+    # One round trip; launch runs only once the baseline is recorded (a batch stops at a failure).
+    server = host.batch([
+        ("gpu_baseline", dict(deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
+                              devices=profile_devices(profile), reuse_s=reuse_s)),
+        ("launch", dict(deploy_dir=ddir, release=rel["release"], python=profile.server.interpreter,
+                        keep=profile.target.keep_releases)),
+    ], timeout=120)[1]["server"]
     reporter.line(name, f"launched release {server['release']}: pid {server['pid']}, "
                         f"log {rel['path']}/server.log")
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",

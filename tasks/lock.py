@@ -23,10 +23,19 @@ def take_lock(host, ddir, task, stale_agent=None):
     `stale_agent`: pid of this task's own agent from before a lost connection; if that
     agent still holds the lock (the host has not noticed the connection died), it is ended.
     Returns the host's answer ({path, ended_stale_agent})."""
+    return locked(host, ddir, task, stale_agent=stale_agent)[0]
+
+
+def locked(host, ddir, task, stale_agent=None, then=()):
+    """take_lock, and in the same round trip the requests `then` ([(op, kwargs)]), run on the
+    host once the lock is held: [the lock's answer, their results...]."""
+    lock = ("lock", dict(deploy_dir=ddir, task=task, stale_agent=stale_agent, **lock_info()))
     try:
-        return host.call("lock", deploy_dir=ddir, task=task, stale_agent=stale_agent, **lock_info())
+        if then:
+            return host.batch([lock, *then])
+        return [host.call(lock[0], **lock[1])]
     except AgentError as e:
-        if e.kind != "lock_held":
+        if e.kind != "lock_held" or e.data.get("batch_index", 0) != 0:
             raise
         h = e.data.get("holder", {})
         raise LockHeld(f"deployment {ddir} is locked by {h.get('user', '?')}@{h.get('from', '?')} "

@@ -22,7 +22,6 @@ import threading
 import time
 
 import paramiko
-from tenacity import retry, retry_if_exception_type, stop_after_attempt, stop_after_delay, wait_fixed, wait_random
 
 from .errors import HostUnreachable
 
@@ -133,9 +132,6 @@ def open_connection(name, config, *, timeout=None, accept_new=False):
     timeout = connect_timeout(cxn, timeout)
     _prepare(cxn, timeout, accept_new)
 
-    @retry(retry=retry_if_exception_type(_Transient), reraise=True,
-           stop=stop_after_delay(RETRY_BUDGET_S) | stop_after_attempt(4),
-           wait=wait_fixed(0.5) + wait_random(0, 0.5))
     def attempt():
         t0 = time.monotonic()
         try:
@@ -161,8 +157,25 @@ def open_connection(name, config, *, timeout=None, accept_new=False):
                 raise socket.timeout() from e
             raise _Transient(str(e) or type(e).__name__) from e
 
+    def retried():
+        """The retry policy (tenacity), imported once a first attempt was refused: most
+        connections never need it, and every task would pay for its import otherwise."""
+        from tenacity import (Retrying, retry_if_exception_type, stop_after_attempt,
+                              stop_after_delay, wait_fixed, wait_random)
+        wait = wait_fixed(0.5) + wait_random(0, 0.5)
+        time.sleep(wait(None))  # the wait before the second attempt, as tenacity would
+        for retry in Retrying(retry=retry_if_exception_type(_Transient), reraise=True, wait=wait,
+                              stop=stop_after_delay(RETRY_BUDGET_S - (time.monotonic() - started))
+                              | stop_after_attempt(3)):
+            with retry:
+                attempt()
+
+    started = time.monotonic()
     try:
-        attempt()
+        try:
+            attempt()
+        except _Transient:
+            retried()
     except HostUnreachable:
         raise
     except _Transient as e:

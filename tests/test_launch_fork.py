@@ -120,9 +120,13 @@ def test_a_server_that_cannot_start_is_launch_failed(tmp_path, launch_python):
     assert out["error"].startswith("cannot start '/nonexistent/server'"), out
 
 
-def test_a_broken_launcher_reports_its_traceback(tmp_path):
+@pytest.mark.parametrize("text, error", [
+    ("import sys\nraise RuntimeError('launcher broke')\n", "RuntimeError: launcher broke"),
+    ("def main(:\n", "SyntaxError"),
+])
+def test_a_broken_launcher_reports_its_traceback(tmp_path, text, error):
     rel = _release(tmp_path, ["sleep", "60"])
-    (rel / "launch.py").write_text("import sys\nraise RuntimeError('launcher broke')\n")
+    (rel / "launch.py").write_text(text)
     out = _agent(tmp_path, PYTHON)
     assert out["error"].startswith("launch.py failed (exit 1): Traceback"), out
-    assert "RuntimeError: launcher broke" in out["error"]
+    assert error in out["error"]

@@ -67,3 +67,39 @@ def test_gpu_baseline_reuses_a_fresh_reading_only_when_asked(tmp_path, counting_
     assert runs.read_text().count("run") == 2
     _baseline(tmp_path, smi, reuse_s=1e-9)  # too old to reuse
     assert runs.read_text().count("run") == 3
+
+
+# -- batch and new_release with files: fewer round trips per deploy --------------------------
+
+def test_a_batch_runs_in_order_and_stops_at_the_first_failure(tmp_path):
+    from tasks.hostside import agent
+    ddir = tmp_path / "d"
+    calls = [{"op": "new_release", "deploy_dir": str(ddir)},
+             {"op": "put_file", "path": str(tmp_path / "missing" / "x"), "mode": 0o600, "data": ""},
+             {"op": "new_release", "deploy_dir": str(ddir)}]
+    with pytest.raises(HostError) as e:
+        agent.handle({"op": "batch", "calls": calls})
+    assert e.value.kind == "write_failed" and e.value.data["batch_index"] == 1
+    assert len(os.listdir(ddir / "releases")) == 1  # the third never ran
+    first, second = agent.handle({"op": "batch", "calls": [calls[0], calls[0]]})
+    assert first["release"] != second["release"] and len(os.listdir(ddir / "releases")) == 3
+    with pytest.raises(HostError, match="a batch cannot hold a batch"):
+        agent.handle({"op": "batch", "calls": [{"op": "batch", "calls": []}]})
+
+
+def test_new_release_writes_its_files_or_leaves_no_release(tmp_path):
+    from tasks.hostside import releases
+    ddir = tmp_path / "d"
+    out = releases.op_new_release({"deploy_dir": str(ddir), "files": [
+        ["launch.py", 0o700, base64.b64encode(b"print(1)\n").decode()],
+        ["secrets.json", 0o600, base64.b64encode(b'{"K": "v"}').decode()]]})
+    rel = ddir / "releases" / out["release"]
+    assert (rel / "launch.py").read_bytes() == b"print(1)\n"
+    assert stat.S_IMODE((rel / "launch.py").stat().st_mode) == 0o700
+    assert stat.S_IMODE((rel / "secrets.json").stat().st_mode) == 0o600
+    with pytest.raises(HostError, match="not a file name for a release"):
+        releases.op_new_release({"deploy_dir": str(ddir), "files": [["../escape", 0o600, ""]]})
+    with pytest.raises(ValueError):  # the second file's data is not base64: nothing is kept
+        releases.op_new_release({"deploy_dir": str(ddir), "files": [
+            ["argv.json", 0o600, base64.b64encode(b"[]").decode()], ["profile.toml", 0o600, "not base64!"]]})
+    assert os.listdir(ddir / "releases") == [out["release"]]

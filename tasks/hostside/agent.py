@@ -39,7 +39,24 @@ def _user():
         return str(os.getuid())
 
 
-OPS = {"hello": op_hello}
+def op_batch(req):
+    """Several requests in one message (`calls`, each a request), answered together: the
+    round trips of a deploy's steps that need nothing from each other's answers. They run
+    in order and the first failure ends the batch, so what follows it never runs (no
+    launch after a failed GPU baseline); its error says which one (`batch_index`)."""
+    out = []
+    for i, sub in enumerate(req["calls"]):
+        if sub.get("op") == "batch":
+            raise HostError("a batch cannot hold a batch", kind="internal")
+        try:
+            out.append(handle(sub))
+        except HostError as e:
+            e.data = dict(e.data, batch_index=i)
+            raise
+    return out
+
+
+OPS = {"hello": op_hello, "batch": op_batch}
 
 
 def index():

@@ -10,10 +10,14 @@ from .common import HostError
 def op_put_file(req):
     """Write `data` (base64) to the absolute `path`, byte for byte, with `mode` (0o644).
 
-    How llmfab pushes a release's files (tasks/transport.py Host.put): on the agent's own
-    channel, so a deploy needs one remote command, not a second one for SFTP."""
-    path, mode = req["path"], req.get("mode", 0o644)
-    data = base64.b64decode(req["data"])
+    How llmfab pushes a file (tasks/agentclient.py Host.put): on the agent's own channel,
+    so a deploy needs one remote command, not a second one for SFTP. A new release's own
+    files come with op new_release instead (tasks/hostside/releases.py)."""
+    return {"bytes": write_file(req["path"], base64.b64decode(req["data"]), req.get("mode", 0o644))}
+
+
+def write_file(path, data, mode):
+    """`data` (bytes) to `path` with `mode` whatever the umask; HostError write_failed."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         with os.fdopen(fd, "wb") as f:
@@ -22,7 +26,7 @@ def op_put_file(req):
     except OSError as e:
         hint = " (is the disk full?)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
         raise HostError("could not write %s: %s%s" % (path, e.strerror or e, hint), kind="write_failed")
-    return {"bytes": len(data)}
+    return len(data)
 
 
 OPS = {

@@ -63,6 +63,12 @@ def run_subprocess(python, launcher):
 
 def run_forked(python, launcher):
     """(exit code, stdout, stderr) of launch.py run in a forked child of this agent."""
+    try:  # here, not in the child: whatever the child allocates first costs it copied pages
+        with open(launcher, "rb") as f:
+            program = compile(f.read(), launcher, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, OSError):  # as the interpreter would report it: exit 1
+        import traceback
+        return 1, b"", traceback.format_exc().encode("utf-8", "replace")
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     for stream in (sys.stdout, sys.stderr):
@@ -77,7 +83,7 @@ def run_forked(python, launcher):
     if pid == 0:  # the child never returns into the agent
         code = 1
         try:
-            code = _child(python, launcher, out_w, err_w)
+            code = _child(python, launcher, program, out_w, err_w)
         except BaseException:
             try:
                 import traceback
@@ -100,7 +106,7 @@ def run_forked(python, launcher):
     return os.waitstatus_to_exitcode(status), out, err
 
 
-def _child(python, launcher, out_w, err_w):
+def _child(python, launcher, program, out_w, err_w):
     """In the forked child: look like a fresh `python launch.py`, run it, give its exit code."""
     devnull = os.open(os.devnull, os.O_RDWR)
     os.dup2(devnull, 0)
@@ -114,12 +120,10 @@ def _child(python, launcher, out_w, err_w):
     agent_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path[:] = [here] + [p for p in sys.path if os.path.abspath(p or ".") != agent_dir]
     sys.argv[:] = [launcher]
-    with open(launcher, "rb") as f:
-        code = compile(f.read(), launcher, "exec", dont_inherit=True)
     namespace = {"__name__": "__main__", "__file__": launcher, "__builtins__": __builtins__}
     _retitle([python, launcher])
     try:
-        exec(code, namespace)
+        exec(program, namespace)
         rc = 0
     except SystemExit as e:  # what the interpreter would make of it
         if e.code is None or isinstance(e.code, int):

@@ -84,26 +84,29 @@ def port_holders(port):
 
 
 def port_in_use(host, port):
-    """None if free, else a description of who holds it."""
-    listening = bool(_listening_inodes(port))
-    if not listening:
-        # _socket is the C module behind socket.py, whose enums cost every preflight
-        # ~5 ms to build at import; a bind needs none of them.
-        import _socket as socket
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        s = socket.socket(family, socket.SOCK_STREAM)
+    """None if free, else a description of who holds it.
+
+    A bind, exactly as the server will try it, says whether the port is free; only a
+    refused one reads /proc/net/tcp{,6} to name the holder. The kernel walks its whole
+    TCP hash table to write those files (~5 ms each on a host with much memory, however
+    few sockets there are), too much for every preflight of a port that is free."""
+    # _socket is the C module behind socket.py, whose enums cost every preflight ~5 ms
+    # to build at import; a bind needs none of them.
+    import _socket as socket
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
         # Servers set SO_REUSEADDR too: connections of a just-stopped server lingering
         # in TIME_WAIT must not make a free port look taken.
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-            return None
-        except OSError as e:
-            if e.errno == errno.EADDRINUSE:  # bound, not listening: in no /proc/net table
-                return "a process that bound it without listening (a server still starting?)"
+        s.bind((host, port))
+        return None
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
             return "cannot bind %s:%d: %s" % (host, port, e.strerror)
-        finally:
-            s.close()
+    finally:
+        s.close()
+    if not _listening_inodes(port):  # bound, not listening: in no /proc/net table
+        return "a process that bound it without listening (a server still starting?)"
     holders = port_holders(port)
     if holders:
         return "; ".join("pid %d (%s)" % (h["pid"], h["cmdline"][:200]) for h in holders)

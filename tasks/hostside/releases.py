@@ -15,7 +15,30 @@ STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 
 
 def op_new_release(req):
-    """Create releases/<UTC stamp>[-N] (0700) and return its absolute path."""
+    """Create releases/<UTC stamp>[-N] (0700) and return its absolute path.
+
+    `files` ([[name, mode, base64 data]]): written into it in the same request (deploy's
+    launch.py, argv.json, profile.toml...); if one cannot be, the new release is removed
+    again and nothing is left half-written."""
+    files = req.get("files") or []
+    for name, _mode, _data in files:
+        if not name or "/" in name or name in (".", ".."):
+            raise HostError("not a file name for a release: %r" % (name,), kind="internal")
+    out = _new_release_dir(req)
+    if files:
+        import base64
+        from .files import write_file
+        try:
+            for name, mode, data in files:
+                write_file(os.path.join(out["path"], name), base64.b64decode(data), mode)
+        except BaseException:
+            import shutil
+            shutil.rmtree(out["path"], ignore_errors=True)
+            raise
+    return out
+
+
+def _new_release_dir(req):
     ddir = expand(req["deploy_dir"])
     rdir = os.path.join(ddir, "releases")
     os.makedirs(rdir, mode=0o700, exist_ok=True)

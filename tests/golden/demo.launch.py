@@ -6,12 +6,12 @@ It starts the server detached (own session and process group), appends its outpu
 to server.log beside this file, records ../../server.json, and returns at once.
 Standard library only; Python >= 3.9.
 """
-import datetime
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 
 # The server's argv, exactly as the server receives it. No shell is involved.
 ARGV = [
@@ -36,7 +36,7 @@ PORT = 18000
 
 
 def _now():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
 
 
 def _write_json(path, data):
