@@ -23,6 +23,7 @@ and compiling ~90 KB of sources is most of a cold start.
 """
 import hashlib
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -103,8 +104,10 @@ class Payload:
     """files: [(file name, bytes)]; digest; line: the JSON line the bootstrap reads."""
 
     def __init__(self, directory=HOSTSIDE):
-        sources = {n: (Path(directory) / f"{n}.py").read_bytes()
-                   for n in registry.module_names(directory)}
+        sources = {}
+        for n in registry.module_names(directory):
+            with open(os.path.join(directory, n + ".py"), "rb") as f:
+                sources[n] = f.read()
         self.index = registry.scan(directory, {n: s.decode("utf-8") for n, s in sources.items()})
         sources[registry.INDEX_MODULE] = registry.render(self.index).encode()
         self.files = sorted((f"{n}.py", data) for n, data in sources.items())

@@ -18,6 +18,7 @@ import errno
 import logging
 import os
 import socket
+import stat
 import threading
 import time
 
@@ -82,6 +83,28 @@ def _known_hosts_files(ssh_config):
     return _files(ssh_config, "userknownhostsfile", "~/.ssh/known_hosts")
 
 
+_known_cache = {}  # path -> (its stat, paramiko.HostKeys): parsed once per task, not per host
+_known_lock = threading.Lock()
+
+
+def _known_hosts(path):
+    """The keys a known_hosts file lists (None if there is none), parsed once per process while
+    the file stays the same: every key line is decoded into a key object, ~70 us a line,
+    which a long known_hosts file made each host's connection pay again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    stamp = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _known_lock:
+        hit = _known_cache.get(path)
+        if hit is None or hit[0] != stamp:
+            hit = _known_cache[path] = (stamp, paramiko.HostKeys(path))
+    return hit[1]
+
+
 def _prepare(cxn, timeout, accept_new):
     """Timeouts and host-key policy on cxn and on each of its ProxyJump gateways."""
     # A copy: connect_kwargs may be the config's own dict, shared by every host's thread.
@@ -92,12 +115,17 @@ def _prepare(cxn, timeout, accept_new):
     cxn.connect_timeout = timeout
     strict = str(cxn.ssh_config.get("stricthostkeychecking", "yes")).lower()
     files = _known_hosts_files(cxn.ssh_config)
-    for f in _files(cxn.ssh_config, "globalknownhostsfile", "/etc/ssh/ssh_known_hosts"):
-        if os.path.isfile(f):
-            cxn.client.load_system_host_keys(f)  # read, never written
-    for f in files:
-        if os.path.isfile(f):
-            cxn.client.load_host_keys(f)
+    # Both kinds are trusted alike, as OpenSSH does; known_hosts is appended to by
+    # _AcceptNew, never rewritten from this copy (paramiko's save_host_keys is not used).
+    keys = cxn.client.get_host_keys()
+    for f in files + _files(cxn.ssh_config, "globalknownhostsfile", "/etc/ssh/ssh_known_hosts"):
+        parsed = _known_hosts(f)
+        if parsed is not None:
+            # Fresh entries around the shared, immutable key objects: a key this client
+            # adds (accept-new) changes its own list only. (HostKeys.update() would look
+            # every name up again, hashing each hashed one: quadratic.)
+            keys._entries.extend(paramiko.hostkeys.HostKeyEntry(e.hostnames, e.key)
+                                 for e in parsed._entries)
     if accept_new or strict in ("accept-new", "no", "off"):
         cxn.client.set_missing_host_key_policy(_AcceptNew(files[0]))
     else:
