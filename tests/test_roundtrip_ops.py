@@ -103,3 +103,19 @@ def test_new_release_writes_its_files_or_leaves_no_release(tmp_path):
         releases.op_new_release({"deploy_dir": str(ddir), "files": [
             ["argv.json", 0o600, base64.b64encode(b"[]").decode()], ["profile.toml", 0o600, "not base64!"]]})
     assert os.listdir(ddir / "releases") == [out["release"]]
+
+
+def test_remove_tree_removes_a_release_and_never_follows_its_symlinks(tmp_path):
+    from tasks.hostside.common import remove_tree
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("precious")
+    rel = tmp_path / "rel"
+    (rel / "sub" / "deeper").mkdir(parents=True)
+    (rel / "server.log").write_text("log")
+    (rel / "sub" / "x.json").write_text("{}")
+    (rel / "sub" / "dirlink").symlink_to(outside)
+    (rel / "filelink").symlink_to(outside / "keep")
+    remove_tree(str(rel))
+    assert not rel.exists() and (outside / "keep").read_text() == "precious"
+    remove_tree(str(tmp_path / "never-was"))  # nothing there: nothing happens

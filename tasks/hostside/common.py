@@ -47,6 +47,34 @@ def which(name):
     return None
 
 
+def remove_tree(path):
+    """shutil.rmtree(path, ignore_errors=True) for a release directory, without importing
+    shutil (it loads bz2 and lzma: ~4 ms of the deploy that prunes). Walks by directory
+    descriptors (os.fwalk) and never follows a symlink, as shutil's own safe version."""
+    try:
+        walk = os.fwalk(path, topdown=False, follow_symlinks=False)
+        for _root, dirs, files, fd in walk:
+            for name in files:
+                _ignore(os.unlink, name, dir_fd=fd)
+            for name in dirs:  # a symlink to a directory is listed here: unlinked, not entered
+                try:
+                    os.rmdir(name, dir_fd=fd)
+                except NotADirectoryError:
+                    _ignore(os.unlink, name, dir_fd=fd)
+                except OSError:
+                    pass
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def _ignore(fn, *args, **kwargs):
+    try:
+        fn(*args, **kwargs)
+    except OSError:
+        pass
+
+
 def expand(path):
     return os.path.abspath(os.path.expanduser(path))
 

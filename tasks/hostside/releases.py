@@ -9,7 +9,7 @@ import json
 import os
 import time
 
-from .common import HostError, expand, utc_iso
+from .common import HostError, expand, remove_tree, utc_iso
 
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 
@@ -26,14 +26,13 @@ def op_new_release(req):
             raise HostError("not a file name for a release: %r" % (name,), kind="internal")
     out = _new_release_dir(req)
     if files:
-        import base64
+        from binascii import a2b_base64  # what base64.b64decode calls, without its module
         from .files import write_file
         try:
             for name, mode, data in files:
-                write_file(os.path.join(out["path"], name), base64.b64decode(data), mode)
+                write_file(os.path.join(out["path"], name), a2b_base64(data), mode)
         except BaseException:
-            import shutil
-            shutil.rmtree(out["path"], ignore_errors=True)
+            remove_tree(out["path"])
             raise
     return out
 
@@ -61,8 +60,7 @@ def op_discard_release(req):
     path = os.path.join(ddir, "releases", req["release"])
     if current_release(ddir) != req["release"] and os.path.isdir(path) \
             and not os.path.exists(os.path.join(path, "server.log")):
-        import shutil
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
     return {}
 
 
@@ -111,8 +109,7 @@ def prune(ddir, keep):
             break
         if n in protected:
             continue
-        import shutil  # here: only a prune that removes something needs it
-        shutil.rmtree(os.path.join(ddir, "releases", n), ignore_errors=True)
+        remove_tree(os.path.join(ddir, "releases", n))
         removed.append(n)
         excess -= 1
     return removed
