@@ -35,6 +35,8 @@ def _wrap(method, kind):
             return original(self, *args, **kwargs)
         finally:
             name = args[0] if kind == "call" and args else ""
+            if name == "batch":  # one request holding several ops: named by them
+                name = "batch(%s)" % "+".join(c.get("op", "?") for c in kwargs.get("calls", ()))
             if kind == "put":
                 name = os.path.basename(args[1]) if len(args) > 1 else ""
             record = [round(started - T0, 4), round(time.monotonic() - started, 4), kind, name,

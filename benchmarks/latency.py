@@ -104,21 +104,22 @@ def round_trips(bench, reps=5, log=print):
 def phases(trace):
     """[(phase, seconds)] of one traced 1-host --no-wait deploy, in order."""
     ev = trace["events"]
-    first = lambda kind, name=None: next(e for e in ev if e[2] == kind and (name is None or e[3] == name))  # noqa: E731
-    connect, start = first("connect"), first("start")
-    hello = (start[0] + start[1], 0)  # start() returns with the agent's hello record
-    puts = [e for e in ev if e[2] == "put"]
-    launch = first("call", "launch")
-    t_conn_end = connect[0] + connect[1]
+    first = lambda kind, pred: next(e for e in ev if e[2] == kind and pred(e[3]))  # noqa: E731
+    connect, start = first("connect", lambda n: True), first("start", lambda n: True)
+    hello_end = start[0] + start[1]  # start() returns with the agent's hello record
+    preflight = first("call", lambda n: n == "preflight")
+    release = first("call", lambda n: n == "new_release")
+    launch = first("call", lambda n: "launch" in n.replace("(", "+").replace(")", "+").split("+"))
+    end = lambda e: e[0] + e[1]  # noqa: E731
     return [
         ("python start-up, imports, profile, fan-out (client)", connect[0]),
         ("SSH connection (paramiko: TCP, kex, auth)", connect[1]),
         ("agent start: exec through the remote shell, python, agent code (hello)",
-         hello[0] + hello[1] - t_conn_end),
-        ("lock, state, preflight, new_release (agent ops)", puts[0][0] - (hello[0] + hello[1])),
-        ("push the release's %d files (put)" % len(puts), puts[-1][0] + puts[-1][1] - puts[0][0]),
-        ("gpu_baseline + launch (agent ops)", launch[0] + launch[1] - (puts[-1][0] + puts[-1][1])),
-        ("summary, close, exit", trace["total"] - (launch[0] + launch[1])),
+         hello_end - end(connect)),
+        ("lock + state (one request), preflight (agent ops)", end(preflight) - hello_end),
+        ("new release holding its files (one request)", end(release) - end(preflight)),
+        ("gpu_baseline + launch (one request)", end(launch) - end(release)),
+        ("summary, close, exit", trace["total"] - end(launch)),
     ]
 
 
