@@ -6,8 +6,11 @@ forked child of the agent instead of a new interpreter: the same program with th
 environment, working directory and interpreter, its stdin /dev/null, its stdout and
 stderr a pipe read here, every other descriptor closed (the deploy lock and the SSH
 channel included), without the ~20-40 ms of CPU an interpreter start and the
-launcher's imports cost every host on every deploy. Otherwise (another interpreter,
-Python < 3.10 without sys.orig_argv) it is a subprocess, as before.
+launcher's imports cost every host on every deploy. One difference: like the agent it
+runs without `site` (python -S), which launch.py and the supervisor beside it, standard
+library only, never need; the server itself starts its own interpreter as always.
+Otherwise (another interpreter, Python < 3.10 without sys.orig_argv) it is a subprocess,
+as before.
 """
 import json
 import os
