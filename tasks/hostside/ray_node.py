@@ -10,7 +10,6 @@ group, no SIGHUP when the SSH session ends), stdin from /dev/null, output to ray
 and die with it. Every process carries LLMFAB_RAY=<ray dir> so a stop also finds those
 that left the group (Ray's idle workers take their own). Stdlib only; Python >= 3.9.
 """
-import datetime
 import json
 import os
 import signal
@@ -21,7 +20,7 @@ import time
 
 from . import gpu
 from .common import (HostError, cmdline, expand, group_members, pid_alive, pids_marked, read_json,
-                     site_packages, write_json)
+                     site_packages, utc_iso, write_json)
 
 MARKER = "LLMFAB_RAY"
 STARTED = b"Ray runtime started"
@@ -131,7 +130,7 @@ def op_ray_start(req):
         else ["--address", req["address"]]
     argv += ["--num-gpus", str(num_gpus)] if num_gpus is not None else []
     log_path = os.path.join(rdir, "ray.log")
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    now = utc_iso()
     with open(log_path, "ab") as log:
         log.write(("=== llmfab %s: %s\n" % (now, json.dumps(argv))).encode())
         offset = log.tell()

@@ -37,23 +37,20 @@ def _next_ops(source, at):
 
 
 def _statements(source):
-    """(line number, text) of each top-level statement that assigns OPS. Only those lines
-    are parsed: the client scans the package on every task, and parsing all ~100 KB of
-    it would cost tens of ms of CPU each time."""
+    """(line number, parsed statement or None) of each top-level statement that assigns OPS.
+    Only those lines are parsed: the client scans the package on every task, and parsing
+    all ~100 KB of it would cost tens of ms of CPU each time."""
     for start in _ops_lines(source):
         lineno = source.count("\n", 0, start) + 1
         lines = source[start:].splitlines(keepends=True)
         guess = _closing_line(lines)  # usually right at once: one parse, not one a line
-        if guess is not None and _parses("".join(lines[:guess])):
-            yield lineno, "".join(lines[:guess])
-            continue
-        for last in range(1, len(lines) + 1):  # the shortest run of lines that parses
-            text = "".join(lines[:last])
-            if _parses(text):
-                yield lineno, text
-                break
-        else:
-            yield lineno, None
+        node = _parse("".join(lines[:guess])) if guess is not None else None
+        if node is None:
+            for last in range(1, len(lines) + 1):  # the shortest run of lines that parses
+                node = _parse("".join(lines[:last]))
+                if node is not None:
+                    break
+        yield lineno, node
 
 
 def _closing_line(lines):
@@ -72,21 +69,20 @@ def _closing_line(lines):
     return None
 
 
-def _parses(text):
+def _parse(text):
+    """The first statement of `text`, or None when it does not parse."""
     import ast
     try:
-        ast.parse(text)
-        return True
-    except SyntaxError:
-        return False
+        return ast.parse(text).body[0]
+    except (SyntaxError, IndexError):
+        return None
 
 
 def declared_ops(source, filename="<source>"):
     """The op names a module's source declares in its top-level `OPS = {...}` (in order)."""
     import ast  # here: the agent imports this module only in-tree, never on a host
     names = []
-    for lineno, text in _statements(source):
-        node = ast.parse(text).body[0] if text is not None else None
+    for lineno, node in _statements(source):
         value = getattr(node, "value", None)
         if not isinstance(value, ast.Dict):
             raise OpIndexError("%s:%d: OPS must be a dict literal (the agent finds ops by reading "
