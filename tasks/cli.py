@@ -128,9 +128,11 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=Fa
     "json": "print one JSON object per host on stdout",
     "compare": "print two saved --json results side by side: --compare A.json,B.json",
     "repeat": "run the bench N times; report each figure's median and spread (default 1)",
+    "seed": "the order of the shipped prompts when --prompts is not given (default 0)",
 }))
 def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, prompts=None,
-          json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None):
+          json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None,
+          seed=None):
     """Load the running server through its OpenAI API: tokens/s, TTFT, ITL, spec acceptance."""
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
@@ -141,3 +143,31 @@ def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, pro
 def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
     """Print a Prometheus file_sd document: the /metrics address of every running deployment."""
     return _boundary(c, "targets:targets", "TargetsOptions", locals())
+
+
+@task(iterable=["vary"], help=_help(**{
+    "vary": "KEY=V1,V2,...: a dotted key into the profile and its values; repeat the flag "
+            "for more keys (the variants are the product), e.g. "
+            "server.args.speculative-config.num_speculative_tokens=1,2,4",
+    "profiles": "comma-separated profiles, each one more variant (deployed as this deployment)",
+    "baseline": "one more variant: the profile with no speculative config",
+    "concurrency": "comma-separated concurrencies to measure each variant at (default 1,8)",
+    "requests": "measured requests per bench run, after one warm-up request (default 16)",
+    "input-len": "lengthen each shipped prompt to about N words (default: as shipped)",
+    "max-tokens": "max_tokens per request (default 128)",
+    "repeat": "bench runs per variant and concurrency; their spread decides ties (default 3)",
+    "seed": "the order of the shipped prompts; the same for every variant (default 0)",
+    "objective": "tokens_per_s@C (most output tokens/s at concurrency C; default: the "
+                 "largest C) or ttft_p90@C (lowest TTFT p90)",
+    "keep": "previous (default): put back what ran before; winner: leave the winner running",
+    "out": "directory for results.jsonl, report.html and <stem>.tuned.toml "
+           "(default ./tune-<name>-<UTC stamp>/)",
+    "resume": "continue the sweep in this directory: measure only what it lacks",
+    "json": "print the result records and the decision as JSON Lines on stdout",
+}))
+def tune(c, profile=None, vary=None, profiles=None, baseline=False, concurrency=None,
+         requests=None, input_len=None, max_tokens=None, repeat=None, seed=None,
+         objective=None, keep=None, out=None, resume=None, json=False, parallel=32,
+         accept_new_host_keys=False):
+    """Deploy each speculative-decoding variant, bench it the same way, and name the fastest."""
+    return _boundary(c, "tune.task:tune", "TuneOptions", locals())
