@@ -10,8 +10,14 @@ silently still blocks.
 from typing import Tuple
 
 from ..record import Record
+from .keys import Key, table
 
-CHECK_KEYS = ("accept",)
+CHECK_KEYS = table(
+    "check",
+    Key("accept", "array of strings", "[]",
+        "ids of the speculative-decoding doctor's rules whose FAIL may pass: it prints as WARN "
+        "(accepted in the profile) and no longer stops a deploy; an unknown id is an error"),
+)
 
 
 class CheckCfg(Record):
