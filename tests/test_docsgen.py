@@ -123,7 +123,7 @@ def test_every_client_and_host_module_says_what_it_holds():
                if not text and not path.endswith("__init__.py")]
     assert missing == []
     page = docsgen.architecture_page()
-    assert all(f"`{path}`" in page for path, _ in docsgen.modules("tasks"))
+    assert all(f"`{path}`" in page for path, text in docsgen.modules("tasks") if text)
 
 
 README_LIMIT = 15 * 1024

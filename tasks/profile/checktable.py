@@ -1,7 +1,7 @@
 """The profile's `[check]` table: what the preflight may let through.
 
     [check]
-    accept = ["vllm-dflash-swa-ignored"]   # doctor rule ids (README "Speculative-decoding doctor")
+    accept = ["vllm-dflash-swa-ignored"]   # doctor rule ids (docs/reference/doctor-rules.md)
 
 An accepted FAIL prints as WARN ("accepted in the profile") and no longer stops a deploy.
 Ids are checked against the rule table, so a typo is an error (exit 2), not a FAIL that
