@@ -70,9 +70,10 @@ def _frame(title, ylabel, xlabels, ymax):
     return parts, x, y
 
 
-def _legend(parts, names):
-    for i, name in enumerate(names):
-        ly = PAD_T + 8 + 18 * i
+def _legend(parts, entries):
+    """entries: [(variant index, name)]: a variant keeps its colour in every chart."""
+    for row, (i, name) in enumerate(entries):
+        ly = PAD_T + 8 + 18 * row
         parts.append(f'<rect x="{W - PAD_R + 14}" y="{ly - 9}" width="12" height="12" '
                      f'fill="{color(i)}"/>')
         parts.append(f'<text x="{W - PAD_R + 32}" y="{ly + 1}" font-size="11">'
@@ -103,7 +104,7 @@ def throughput_chart(records, variants, concurrencies):
                          f'r="4" fill="{col}"><title>{escape(v.name)}: '
                          f'{r["output_tokens_per_s"]} tok/s at concurrency {r["concurrency"]}'
                          f'</title></circle>')
-    _legend(parts, [v.name for v in variants])
+    _legend(parts, list(enumerate(v.name for v in variants)))
     return "".join(parts) + "</svg>"
 
 
@@ -125,10 +126,11 @@ def acceptance_chart(records, variants, concurrency):
             if val is None:
                 continue
             left = PAD_L + slot * pos + slot * 0.1 + bar * k
-            parts.append(f'<rect x="{left:.1f}" y="{y(val):.1f}" width="{bar:.1f}" '
-                         f'height="{max(0.0, y(0) - y(val)):.1f}" fill="{color(vi)}">'
+            height = max(1.5, y(0) - y(val))  # a zero still shows, as a line on the axis
+            parts.append(f'<rect x="{left:.1f}" y="{y(0) - height:.1f}" width="{bar:.1f}" '
+                         f'height="{height:.1f}" fill="{color(vi)}">'
                          f'<title>{escape(v.name)}: position {pos}: {val:.3f}</title></rect>')
-    _legend(parts, [v.name for _, v, _ in with_spec])
+    _legend(parts, [(vi, v.name) for vi, v, _ in with_spec])
     return "".join(parts) + "</svg>"
 
 
