@@ -118,6 +118,8 @@ def bench(c, opts):
     if opts.compare:
         return compare(opts.compare)
     req = {"requests": opts.requests, "concurrency": opts.concurrency, "max_tokens": opts.max_tokens}
+    if opts.temperature is not None:
+        req["sampling"] = {"temperature": opts.temperature}
     prompts = read_prompts(opts.prompts) if opts.prompts \
         else workload.prompts(seed=opts.seed, count=opts.requests + 1)
     profile = load(c, opts.profile)

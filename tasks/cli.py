@@ -166,10 +166,12 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=Fa
     "compare": "print two saved --json results side by side: --compare A.json,B.json",
     "repeat": "run the bench N times; report each figure's median and spread (default 1)",
     "seed": "the order of the shipped prompts when --prompts is not given (default 0)",
+    "temperature": "sampling temperature sent with every request, e.g. 0 for greedy as "
+                   "`fab tune` measures (default: the server's)",
 })
 def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, prompts=None,
           json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None,
-          seed=None):
+          seed=None, temperature=None):
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
     return _boundary(c, "bench", locals())

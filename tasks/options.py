@@ -216,9 +216,19 @@ class BenchOptions(Common):
     compare: Optional[Tuple[str, str]] = None
     repeat: int = 1  # runs of the bench; medians and spread (tasks/benchrepeat.py)
     seed: int = 0    # the order of the shipped prompts (tasks/workload.py)
+    temperature: Optional[float] = None  # sent with every request; None: the server's default
 
     @staticmethod
     def convert(flags):
+        temp = flags.get("temperature")
+        if temp is not None:
+            try:
+                temp = float(temp)
+            except (TypeError, ValueError):
+                temp = -1.0
+            if not 0.0 <= temp <= 100.0:
+                raise UsageError(f"--temperature expects a number >= 0 (got {flags['temperature']!r})")
+        flags["temperature"] = temp
         for key, default in BENCH_DEFAULTS.items():
             flags[key] = whole(key, flags.get(key), 1, default)
         flags["repeat"] = whole("repeat", flags.get("repeat"), 1, 1)
