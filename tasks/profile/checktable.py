@@ -7,14 +7,14 @@ An accepted FAIL prints as WARN ("accepted in the profile") and no longer stops 
 Ids are checked against the rule table, so a typo is an error (exit 2), not a FAIL that
 silently still blocks.
 """
+from dataclasses import dataclass
 from typing import Tuple
-
-from ..record import Record
 
 CHECK_KEYS = ("accept",)
 
 
-class CheckCfg(Record):
+@dataclass(frozen=True)
+class CheckCfg:
     accept: Tuple[str, ...] = ()
 
 
