@@ -45,6 +45,21 @@ def test_exit_is_raised_only_at_the_boundary():
     assert offenders == []
 
 
+def test_the_command_table_and_the_tasks_name_each_other():
+    """tasks/cli.py COMMANDS is the one place a reader finds every task: each row's body and
+    options record exist, each task `fab` shows has a row, and its summary is what `fab --list`
+    shows; nothing outside the row says where a task's body lives."""
+    import importlib
+    from tasks import cli, ns
+    assert sorted(cli.COMMANDS) == sorted(n.replace("_", "-") for n in ns.task_names)
+    for name, info in cli.COMMANDS.items():
+        assert callable(getattr(importlib.import_module("tasks." + info.module), info.function)), name
+        assert issubclass(getattr(options, info.options), options.Common), name
+        assert ns[name].__doc__ == info.summary and info.summary.endswith("."), name
+    text = (REPO / "tasks" / "cli.py").read_text()
+    assert not re.search(r'_boundary\(c, "[\w-]+:', text)  # no "module:function" strings
+
+
 @pytest.mark.parametrize("cls,flags,needle", [
     (options.DeployOptions, {"timeout": "soon"}, "--timeout expects a number of seconds"),
     (options.DeployOptions, {"timeout": "-1"}, "--timeout must be >= 0"),

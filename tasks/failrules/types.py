@@ -84,7 +84,7 @@ def required_literal(regex, flags=0):
 @dataclass(frozen=True)
 class Rule:
     id: str                         # stable, lowercase-dashed; never renamed once released
-    title: str                      # a few words, for the README table
+    title: str                      # a few words, for the reference table (docs/reference/failure-rules.md)
     priority: int                   # the highest matching rule explains the failure
     cause: str                      # template, plain words
     fix: str                        # template, an action with the numbers filled in

@@ -157,5 +157,3 @@ def op_poll(req):
         out["gpus"] = gpu.select(gpu.read_gpus(req["nvidia_smi"]), req.get("devices"))
     return out
 
-
-OPS = {"poll": op_poll}

@@ -22,7 +22,3 @@ def op_state(req):
         out["supervisor"] = supervision.read(ddir, server)
     return out
 
-
-OPS = {
-    "state": op_state,
-}

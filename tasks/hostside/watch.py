@@ -166,5 +166,3 @@ def op_watch(req):
                state=state, why=why, held_s=round(time.monotonic() - t0, 3))
     return out
 
-
-OPS = {"watch": op_watch}

@@ -1,7 +1,7 @@
 """The profile's `[check]` table: what the preflight may let through.
 
     [check]
-    accept = ["vllm-dflash-swa-ignored"]   # doctor rule ids (README "Speculative-decoding doctor")
+    accept = ["vllm-dflash-swa-ignored"]   # doctor rule ids (docs/reference/doctor-rules.md)
 
 An accepted FAIL prints as WARN ("accepted in the profile") and no longer stops a deploy.
 Ids are checked against the rule table, so a typo is an error (exit 2), not a FAIL that
@@ -10,7 +10,14 @@ silently still blocks.
 from dataclasses import dataclass
 from typing import Tuple
 
-CHECK_KEYS = ("accept",)
+from .keys import Key, table
+
+CHECK_KEYS = table(
+    "check",
+    Key("accept", "array of strings", "[]",
+        "ids of the speculative-decoding doctor's rules whose FAIL may pass: it prints as WARN "
+        "(accepted in the profile) and no longer stops a deploy; an unknown id is an error"),
+)
 
 
 @dataclass(frozen=True)
