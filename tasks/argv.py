@@ -15,7 +15,6 @@ Rules for `[server.args]` (in file order):
 """
 from collections import namedtuple
 
-from .profile.serverargs import ServerArgs
 from .profile.types import JsonTable, Profile
 
 VLLM_MODULE = "vllm.entrypoints.cli.main"
@@ -88,7 +87,7 @@ def server_argv(profile: Profile, entry=DEFAULT_ENTRY):
     """The complete argv the launcher executes on the host; `entry` (a VLLM_ENTRIES name)
     says how a vLLM server is started."""
     s = profile.server
-    args = ServerArgs(s.args)
+    args = s.flags
     extra = []
     if s.engine in ("vllm", "sglang"):
         # host/port come from [server] unless the user spelled them as args.
