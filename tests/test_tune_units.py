@@ -91,7 +91,7 @@ def test_vary_keys_that_cannot_be_set_name_the_variant_and_key(tmp_path):
         build("server.bogus")
     with pytest.raises(UsageError, match="is a table"):
         build("server.args.speculative-config")
-    assert build("server.args.max-model-len")[0].profile.server.arg("max-model-len") == 1  # a new flag
+    assert dict(build("server.args.max-model-len")[0].profile.server.args)["max-model-len"] == 1  # a new flag
 
 
 def test_more_than_32_variants_is_bad_input(tmp_path):
