@@ -16,6 +16,7 @@ from . import benchstats, metrics
 from .runner import load, run_task
 from .errors import ExitCode, OperationFailed, UsageError
 from .fanout import HostResult
+from .report import indented
 
 BUILTIN_PROMPTS = (
     "Explain in a few paragraphs how a transformer language model generates text.",
@@ -139,14 +140,14 @@ def bench(c, opts):
             runs.append(rec)
             unreadable = raw["after"].get("error") if engine != "sglang" else None
             head = [f"run {n + 1} of {opts.repeat}"] if opts.repeat > 1 else []
-            reporter.lines(host.name, ["  " + t for t in head + benchstats.human_lines(
+            reporter.lines(host.name, [indented(t, 2) for t in head + benchstats.human_lines(
                 rec, engine, unreadable, rec.pop("_verdict_lines", None))])
             for err in benchstats.first_errors(raw):
                 reporter.line(host.name, f"  error: {err}")
         if opts.repeat > 1:
             from .benchrepeat import repeat_lines, summarize
             rec = summarize(runs)
-            reporter.lines(host.name, ["  " + t for t in repeat_lines(rec)])
+            reporter.lines(host.name, [indented(t, 2) for t in repeat_lines(rec)])
         if json_mode:
             reporter.emit_json(rec)
         failed = rec["errors"] == rec["requests"]

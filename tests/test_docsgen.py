@@ -54,6 +54,14 @@ def test_every_key_the_loader_accepts_is_documented(monkeypatch):
         assert all(isinstance(k, Key) and k.type and k.default and k.meaning for k in known.values())
 
 
+def test_every_table_of_the_top_level_has_its_keys_documented():
+    # A new [table] is a top-level Key of type "table" and a keys.table(name, ...) of its own
+    # (the free-form [server.args] and [server.env] are described in [server]).
+    tables = [k.name for k in TABLES[""].values() if k.type == "table"]
+    assert tables and all(name in TABLES for name in tables), (tables, list(TABLES))
+    assert set(TABLES) - {""} <= set(tables), "a key table that no top-level key names"
+
+
 def _loaded_value(profile, table, key):
     if table == "":
         return None
