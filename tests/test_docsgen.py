@@ -147,6 +147,21 @@ def test_the_readme_is_a_front_door_at_most_15_kb():
     assert size <= README_LIMIT, f"README.md is {size} bytes; move detail into docs/"
 
 
+SETUP_COMMANDS = [
+    "python3 -m venv --upgrade-deps .venv && .venv/bin/pip install -q -e . && . .venv/bin/activate "
+    "&& fab deploy && fab status && fab bench && fab stop",
+    "bash .ci/run",
+]
+
+
+def test_the_readme_sets_up_with_exactly_the_two_commands():
+    # The demo on this machine, then the tests: on a stock Debian/Ubuntu Python in a virtualenv.
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    setup = text.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    commands = [line[4:] for line in setup.splitlines() if line.startswith("    ")]
+    assert commands == SETUP_COMMANDS
+
+
 @pytest.mark.parametrize("page", _markdown_files(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_local_link_resolves(page):
     text = page.read_text(encoding="utf-8")
