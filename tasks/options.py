@@ -215,12 +215,17 @@ class BenchOptions(Common):
     json: bool = False
     compare: Optional[Tuple[str, str]] = None
     repeat: int = 1  # runs of the bench; medians and spread (tasks/benchrepeat.py)
+    random_input_len: Optional[int] = None  # prompts of N random token ids (vLLM's random set)
+    ignore_eos: bool = False                # every request generates max_tokens tokens
 
     @staticmethod
     def convert(flags):
         for key, default in BENCH_DEFAULTS.items():
             flags[key] = whole(key, flags.get(key), 1, default)
         flags["repeat"] = whole("repeat", flags.get("repeat"), 1, 1)
+        flags["random_input_len"] = whole("random_input_len", flags.get("random_input_len"), 1)
+        if flags["random_input_len"] is not None and flags.get("prompts"):
+            raise UsageError("--random-input-len and --prompts exclude each other: give one")
         spec = flags.get("compare")
         if spec is not None:
             paths = tuple(p.strip() for p in str(spec).split(",") if p.strip())

@@ -65,7 +65,7 @@ def test_bench_window_acceptance_excludes_earlier_traffic(agent):
     assert before.get(metrics.DRAFTS) > 0, "counters were non-zero before the window"
     window_drafts = after.get(metrics.DRAFTS) - before.get(metrics.DRAFTS)
     rec = benchstats.record("local", raw, benchstats.window_spec(raw, "vllm"))
-    assert list(rec) == list(benchstats.FIELDS)
+    assert list(rec) == list(benchstats.FIELDS + benchstats.EXTRA_FIELDS)
     assert rec["requests"] == 12 and rec["errors"] == 0
     assert rec["spec"]["acceptance_rate"] == pytest.approx(0.62, abs=0.01)
     # 15 drafted per step, 62 % of them accepted: 1 + 0.62 * 15 tokens per step.
