@@ -10,7 +10,6 @@ Rules for `[server.args]` (in file order):
   array   -> `--flag` + one element per item
   number  -> `--flag` + str(number);  string -> `--flag` + the string, verbatim
 """
-from .profile.serverargs import ServerArgs
 from .profile.types import JsonTable, Profile
 
 VLLM_MODULE = "vllm.entrypoints.cli.main"
@@ -47,7 +46,7 @@ def render_args(args):
 def server_argv(profile: Profile):
     """The complete argv the launcher executes on the host."""
     s = profile.server
-    args = ServerArgs(s.args)
+    args = s.flags
     extra = []
     if s.engine in ("vllm", "sglang"):
         # host/port come from [server] unless the user spelled them as args.

@@ -71,7 +71,8 @@ def gather(host, profile, ddir):
         poll = host.call("poll", deploy_dir=ddir, release=server["release"], pid=server["pid"],
                          port=server["port"], host=profile.server.host,
                          health_path=profile.ready.health_path,
-                         models_path=profile.ready.models_path, log_offset=1 << 62)
+                         models_path=profile.ready.models_path, api_key=profile.api_key,
+                         log_offset=1 << 62)
         record["health"] = poll["health"]
         models = poll.get("models") or []
         record["served_name"] = models[0] if len(models) == 1 else (models or None)

@@ -4,7 +4,7 @@ venv each, tests/standins build_ml_env(vllm_version=...)), each behaving as that
 does (tests/standins/specversions.py).
 
 The drafter is z-lab's Qwen3.6-27B-DFlash config (4 sliding + 1 full attention layers,
-target_layer_ids [1, 16, 31, 46, 61]) under the host's /root/models, so the shipped seed
+target_layer_ids [1, 16, 31, 46, 61]) under the host's /root/models, so the shipped
 profile configs/qwen3.6-27b-dflash.toml is used as is, only pointed at the lab.
 """
 import copy
@@ -49,7 +49,7 @@ def lab():
 
 def profile(lab, name, version, *, env=None, drafter=None, caching=None, accept=(), port=30931,
             extra=()):
-    """The seed profile on the lab host with stand-in vLLM `version`: env VLLM_USE_V2_MODEL_RUNNER
+    """The shipped Qwen3.6-27B + DFlash profile on the lab host with stand-in vLLM `version`: env VLLM_USE_V2_MODEL_RUNNER
     (None: as the profile has it, "" : removed), another drafter, prefix caching."""
     lines = [f'extends = "{CONFIGS / "qwen3.6-27b-dflash.toml"}"', "[target]", 'hosts = ["h1"]',
              f'name = "{name}"', "[server]", f'python = "{lab.envs[version]}"', f"port = {port}"]
@@ -124,7 +124,7 @@ def test_check_reports_each_rule_on_both_sides_of_its_range(lab, version, opts, 
 
 
 def test_seed_case_end_to_end(lab):
-    """vLLM 0.20.1, the seed profile as it was deployed (no runner env, prefix caching on in
+    """vLLM 0.20.1, the Qwen3.6-27B + DFlash profile as it was first deployed (~1.1% acceptance) (no runner env, prefix caching on in
     the base profile, which the shipped one now turns off): check names the offset and the sliding window; deployed anyway (the
     FAIL accepted), the start-up log shows the unshifted tuple; at ~1.1% acceptance status
     says broken and lists those findings as causes."""

@@ -12,7 +12,7 @@ def spec(rate, k, drafts=1000, pos0=None):
 
 
 @pytest.mark.parametrize("s,method,k,want", [
-    (spec(0.011, 15), "dflash", 15, "broken"),        # the seed: tau 1.17, position 0 0.165
+    (spec(0.011, 15), "dflash", 15, "broken"),        # Qwen3.6-27B + DFlash on vLLM 0.20.1: tau 1.17
     (spec(0.62, 15), "dflash", 15, "healthy"),        # tau 10.3
     (spec(0.08, 15, pos0=0.9), "dflash", 15, "low"),  # tau 2.2 < 60% of 4.1, not broken
     (spec(0.2, 15, pos0=0.29), "dflash", 15, "broken"),

@@ -7,9 +7,9 @@ An accepted FAIL prints as WARN ("accepted in the profile") and no longer stops 
 Ids are checked against the rule table, so a typo is an error (exit 2), not a FAIL that
 silently still blocks.
 """
+from dataclasses import dataclass
 from typing import Tuple
 
-from ..record import Record
 from .keys import Key, table
 
 CHECK_KEYS = table(
@@ -20,7 +20,8 @@ CHECK_KEYS = table(
 )
 
 
-class CheckCfg(Record):
+@dataclass(frozen=True)
+class CheckCfg:
     accept: Tuple[str, ...] = ()
 
 

@@ -7,7 +7,7 @@ import os
 import re
 
 from .types import ENGINES, RESTART_POLICIES, Cluster, Gpu, Ready, Server, Supervise, Target
-from .args import flag_key, read_args, read_env
+from .args import read_args, read_env
 from .check import REQUIRED, no_nul_or_dates
 from .keys import Key, table
 
@@ -207,14 +207,14 @@ def _server(ck, s):
     files = ck.get(s, p, "files", _files, ())
     args = ck.get(s, p, "args", lambda c, v, q: read_args(c, v, q), ())
     env = ck.get(s, p, "env", lambda c, v, q: read_env(c, v, q), ())
-    if engine != "command":
+    server = Server(engine=engine, python=python, model=model, host=host, port=port,
+                    command=command, args=args, env=env, files=files)
+    flag = server.flags.get("port")
+    if engine != "command" and flag is not None and flag.value != port:
         # Readiness polls server.port; a different --port in args would wait on the wrong port.
-        for name, value in args:
-            if flag_key(name) == "port" and value != port:
-                ck.fail(p + ("args", name), f"the same port as server.port ({port}); "
-                                            "set the port in [server] instead", value)
-    return Server(engine=engine, python=python, model=model, host=host, port=port,
-                  command=command, args=args, env=env, files=files)
+        ck.fail(p + ("args", flag.key), f"the same port as server.port ({port}); "
+                                        "set the port in [server] instead", flag.value)
+    return server
 
 
 def _engine(ck, v, path):
