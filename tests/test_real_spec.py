@@ -34,7 +34,9 @@ import realengine
 from helpers import fab, write_profile
 from lab import HostLab, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
+# The first test's set-up waits for the machine-wide lock (another suite's real server) and
+# starts the lab: more than setup.cfg's 300 s can pass before a test of its own begins.
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine, pytest.mark.timeout(900)]
 
 PORT = 18161
 KEY_ENV = {"LLMFAB_REAL_SPEC_KEY": "real-spec-test-key"}
