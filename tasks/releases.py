@@ -86,16 +86,28 @@ def rows(listing):
             "ended": describe_end(r), "returncode": ex.get("returncode"),
             "ended_at": ex.get("ended_at"), "log_bytes": r.get("log_bytes"),
             "running": bool(r.get("running")),
+            # its start, if a deploy waited for it (tasks/startup.py): time to ready, phases
+            "ready_s": (r.get("startup") or {}).get("ready_s"),
+            "startup": (r.get("startup") or {}).get("phases"),
+            "compile_cache": (r.get("startup") or {}).get("compile_cache"),
         })
     return out
 
 
 def table_lines(records):
-    head = ["", "release", "profile", "started", "ended", "log"]
+    head = ["", "release", "profile", "started", "ready in", "ended", "log"]
     body = [["*" if r["current"] else "", r["release"], r["profile_sha"] or "-",
-             human_time(r["started_at"]), r["ended"], human_bytes(r["log_bytes"])] for r in records]
+             human_time(r["started_at"]), _ready(r), r["ended"], human_bytes(r["log_bytes"])]
+            for r in records]
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head] + body]
+
+
+def _ready(rec):
+    """Time to ready of the release's start, with its compile cache: `45.7 s (warm)`."""
+    if rec.get("ready_s") is None:
+        return "-"
+    return f"{rec['ready_s']:.1f} s" + (f" ({rec['compile_cache']})" if rec.get("compile_cache") else "")
 
 
 def previous_release(releases, current):

@@ -63,6 +63,9 @@ def gather(host, profile, ddir):
               "generation_tokens_per_s": None,
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
               "deployed": bool(server)}
+    started = st.get("startup") or {}  # the release's start, as deploy recorded it
+    record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
+                  ready_s=started.get("ready_s"))
     out = Status(record)
     gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile_devices(profile))
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
@@ -122,6 +125,9 @@ def render(status):
             lines.append(f"  fix: {status.fix}")
     else:
         lines = ["not deployed"]
+    from .startup import summary
+    if r["running"] and summary(r):
+        lines.append("  " + summary(r) + f" (ready in {r['ready_s']:.1f} s)")
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
     lines += ["  " + t for t in status.metric_lines]
     lines += ["  " + t for t in status.supervisor_lines]

@@ -173,8 +173,8 @@ def test_valid_flags_are_recorded_with_vllm_types(host):
     status, body = get("http://127.0.0.1:%d/v1/models" % port)
     assert [m["id"] for m in json.loads(body)["data"]] == ["a", "b"]
     log = host.log()
-    order = ["non-default args", "Model loading took", "torch.compile takes",
-             "Available KV cache memory", "init engine", "Starting vLLM API server",
+    order = ["non-default args", "Model loading took", "torch.compile took",
+             "Available KV cache memory", "init engine", "Starting vLLM server on",
              "Application startup complete."]
     positions = [log.index(line) for line in order]
     assert positions == sorted(positions), log

