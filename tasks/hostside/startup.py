@@ -69,6 +69,9 @@ PHASE_LINES = [
     {"phase": "compile", "kind": "end", "engine": "vllm", "versions": ">=0.10.0",
      "pattern": r"Warming up done\.",
      "source": "vllm/v1/worker/cpu_model_runner.py:91 (seen in 0.32.0, CPU build)"},
+    {"phase": "compile", "kind": "begin", "engine": "vllm", "versions": ">=0.12.0",
+     "pattern": r"Starting torch\.compile$",
+     "source": "vllm/compilation/monitor.py:40 (0.32.0; VLLM_COMPILE mode, GPU)"},
     {"phase": "compile", "kind": "took", "engine": "vllm", "versions": ">=0.10.0",
      "pattern": r"torch\.compile (?:and initial profiling/warmup run together )?took "
                 r"(?P<s>\d+(?:\.\d+)?) s in total",
@@ -77,6 +80,9 @@ PHASE_LINES = [
     {"phase": "compile", "kind": "took", "engine": "vllm", "versions": "<0.12.0",
      "pattern": r"torch\.compile takes (?P<s>\d+(?:\.\d+)?) s in total",
      "source": "vllm/compilation/monitor.py (0.8-0.11 wording)"},
+    {"phase": "cuda_graphs", "kind": "begin", "engine": "vllm", "versions": ">=0.6.0",
+     "pattern": r"Capturing (?:\w+ )?CUDA graphs",
+     "source": "vllm/v1/worker/gpu_model_runner.py:6657 (0.32.0: the capture's progress bar)"},
     {"phase": "cuda_graphs", "kind": "took", "engine": "vllm", "versions": ">=0.6.0",
      "pattern": r"Graph capturing finished in (?P<s>\d+(?:\.\d+)?) secs?",
      "source": "vllm/v1/worker/gpu_model_runner.py:6582 (0.32.0; GPU only)"},
@@ -174,10 +180,15 @@ class Parser:
         self.last_t = None
         self.cache = None
         self.current = "process"
+        # the live phase after a line: the next one of the engine's that is nobody's part
+        # (compile and CUDA graphs happen inside kv_cache: their own lines announce them)
+        inner = {p for r in self.rules for p in r.get("contains") or ()}
         self.order = [p for p in ORDER if p in ("process", "ready")
-                      or any(r["phase"] == p for r in self.rules)]
+                      or any(r["phase"] == p for r in self.rules) and p not in inner]
 
     def feed(self, text):
+        if not self.rules:  # a command server: no lines of its are known
+            return self.current
         for line in text.splitlines():
             t = line_time(line, self.year)
             if t is not None:
@@ -207,6 +218,9 @@ class Parser:
         """The phase a start is in after a line of `kind` about `phase`."""
         if kind == "begin":
             return phase
+        if phase not in self.order:  # a phase inside another: that one goes on
+            return next((r["phase"] for r in self.rules if phase in (r.get("contains") or ())),
+                        phase)
         i = self.order.index(phase)
         return self.order[i + 1] if i + 1 < len(self.order) else phase
 
@@ -228,11 +242,17 @@ def phases(parser, ready_at):
     if parser.first is not None:
         cursor = min(max(parser.first, t0), ready_at)
         add("process", cursor, cursor - t0)
-    begins, nested = {}, []
+    begins, nested, last = {}, [], None
     for phase, kind, t, secs, rule in parser.events:
         if kind == "begin":
             begins.setdefault(phase, t)
             continue
+        if last and last[0] == phase and out and out[-1]["phase"] == phase and secs is not None:
+            # a second line about the same phase covers the first ("Model loading took" holds
+            # "Loading weights took"): measure both from where the first one started
+            out.pop()
+            cursor = last[1]
+            secs = max(secs, t - cursor)
         start_hint = begins.pop(phase, None)
         if secs is None and start_hint is not None:
             secs = t - start_hint
@@ -247,6 +267,7 @@ def phases(parser, ready_at):
                 cursor = _span(add, cursor, n[0], n[1], n[2], [], ready_at)
             nested = []
         cursor = _span(add, cursor, phase, t, secs, inner, ready_at)
+        last = (phase, cursor - out[-1]["seconds"]) if out and out[-1]["phase"] == phase else None
     for n in nested:
         cursor = _span(add, cursor, n[0], n[1], n[2], [], ready_at)
     add("ready", ready_at, ready_at - cursor)
