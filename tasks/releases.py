@@ -5,8 +5,9 @@
 
 `releases` lists, oldest first, each release's stamp, the first 12 hex digits of the
 sha256 of its saved profile.toml, when it started (server.json for the running
-one, else the stamp), how it ended (from the exit.json the launcher's reaper
-writes) and its log size; `*` marks `current`. `--keep N` first prunes to the newest
+one, else the stamp), its time to ready and compile cache (warm/cold) when a deploy
+waited for it (startup.json; --json: `ready_s`, `startup` phases, `compile_cache`), how
+it ended (from the exit.json the launcher's reaper writes) and its log size; `*` marks `current`. `--keep N` first prunes to the newest
 N releases under the deploy lock (never the current one or the one before it);
 deploy prunes to `target.keep_releases` (default 5) after each launch.
 

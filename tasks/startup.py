@@ -18,6 +18,23 @@ CACHE_ENV = {
     "vllm": {"var": "VLLM_CACHE_ROOT", "source": "vllm/envs.py (VLLM_CACHE_ROOT; ignored by "
                                                   "compile_factors in 0.32.0)"},
 }
+# The environment vLLM 0.32.0 hashes into its compile cache's key (vllm/envs.py
+# compile_factors(): every variable it knows, less an ignore list that holds VLLM_CACHE_ROOT):
+# its own VLLM_* ones (a superset: it ignores ~70 of them, e.g. VLLM_CPU_KVCACHE_SPACE,
+# VLLM_PORT) and these. Read by running compile_factors() under the real engine; a
+# variable llmfab sets per release must be none of them, or every release would compile anew.
+VLLM_COMPILE_ENV = {"prefixes": ("VLLM_", "RAY_EXPERIMENTAL_NOSET_", "MOONCAKE_"),
+                    "names": ("CMAKE_BUILD_TYPE", "CUDA_HOME", "NVCC_THREADS", "VERBOSE"),
+                    "except": ("VLLM_CACHE_ROOT",),
+                    "source": "vllm/envs.py compile_factors (0.32.0, 249 factors)"}
+
+
+def in_vllm_compile_key(name):
+    """Whether vLLM keys its compile cache on environment variable `name`."""
+    e = VLLM_COMPILE_ENV
+    return name not in e["except"] and (name.startswith(e["prefixes"]) or name in e["names"])
+
+
 _SAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
 # Rules as data: what makes a start's phase worth a WARN.

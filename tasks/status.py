@@ -4,8 +4,9 @@
 
 `gather(host, profile)` asks the host (state, GPUs, one poll, /metrics) and returns a
 `Status`: the JSON record DESIGN.md fixes (`host, running, pid, release, port, health,
-served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal` and
-`cluster`), and the lines only a human reads. `render(status)` turns it into text and
+served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
+`cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
+`ready_s`, as its deploy recorded them), and the lines only a human reads. `render(status)` turns it into text and
 `verdict(status)` into the host's result: no host is needed to test either.
 Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
 """

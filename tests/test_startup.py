@@ -216,7 +216,9 @@ def test_the_engine_environment_is_the_same_for_two_releases_of_one_profile(tmp_
     assert differ == {"LLMFAB_RELEASE"}
     # vLLM keys its compile cache on its own VLLM_* variables (vllm/envs.py compile_factors,
     # VLLM_CACHE_ROOT excepted): the one that differs per release is none of them
-    assert not any(k.startswith("VLLM_") for k in differ)
+    assert not any(startup.in_vllm_compile_key(k) for k in differ)
+    assert startup.in_vllm_compile_key("VLLM_PP_LAYER_PARTITION") and startup.in_vllm_compile_key("CUDA_HOME")
+    assert not startup.in_vllm_compile_key("VLLM_CACHE_ROOT")
     # another engine version: another directory
     c = _launch_env(tmp_path, p, "20261201T000200Z", "0.33.0")
     assert c["VLLM_CACHE_ROOT"].endswith("cache/vllm-0.33.0")
