@@ -1,9 +1,8 @@
 """The host agent's code as it travels: every module of tasks/hostside, hashed, and its bootstrap.
 
 The payload is every `*.py` of tasks/hostside (found, not listed: a module added
-there travels without editing anything) plus the generated op index
-(hostside/registry.py, which refuses duplicate op names). Its content hash names
-the copy on the host.
+there travels without editing anything; which op each serves is the table in
+hostside/ops.py). Its content hash names the copy on the host.
 
 The one remote command per task and host is `PYTHON -S -c BOOTSTRAP DIGEST`. The
 bootstrap looks for `~/.cache/llmfab/agent/<digest>/` (XDG_CACHE_HOME respected),
@@ -26,8 +25,6 @@ import json
 import os
 import threading
 from pathlib import Path
-
-from .hostside import registry
 
 HOSTSIDE = Path(__file__).with_name("hostside")
 
@@ -104,13 +101,10 @@ class Payload:
     """files: [(file name, bytes)]; digest; line: the JSON line the bootstrap reads."""
 
     def __init__(self, directory=HOSTSIDE):
-        sources = {}
-        for n in registry.module_names(directory):
-            with open(os.path.join(directory, n + ".py"), "rb") as f:
-                sources[n] = f.read()
-        self.index = registry.scan(directory, {n: s.decode("utf-8") for n, s in sources.items()})
-        sources[registry.INDEX_MODULE] = registry.render(self.index).encode()
-        self.files = sorted((f"{n}.py", data) for n, data in sources.items())
+        self.files = []
+        for name in sorted(n for n in os.listdir(directory) if n.endswith(".py")):
+            with open(os.path.join(directory, name), "rb") as f:
+                self.files.append((name, f.read()))
         self.digest = digest(self.files)
 
     @property

@@ -1,16 +1,56 @@
 """The tasks `fab` shows, and the one error boundary of llmfab.
 
-Each task parses its flags into a frozen options record (tasks/options.py) and hands it
-to the module that holds that capability. Every llmfab error, from any module, becomes
-its one-line message and exit code here (`_boundary`) and nowhere else. Imports of the
-heavier modules happen inside the tasks so `fab --list` stays fast.
+COMMANDS below is every task in one table (pip's CommandInfo): the module and function
+that hold its body, the options record its flags are parsed into (tasks/options.py) and
+the one-line summary `fab --list` shows. Bodies are imported through the table only when
+their task runs, so `fab --list` stays fast. The task functions under it declare the
+flags Invoke parses (their signatures) and each flag's help; each hands its flags to
+`_boundary`, where every llmfab error, from any module, becomes its one-line message and
+exit code, and nowhere else.
 """
 import importlib
+from collections import namedtuple
 
 from invoke import task
 from invoke.exceptions import Exit
 
 from .errors import LlmfabError
+
+CommandInfo = namedtuple("CommandInfo", "module function options summary")
+
+# task name (as `fab` spells it) -> where it lives. A new task: a row here and a function below.
+COMMANDS = {
+    "deploy": CommandInfo(
+        "deploy", "deploy", "DeployOptions",
+        "Validate, preflight, push a release, launch detached, wait until ready (or say why not)."),
+    "check": CommandInfo(
+        "check", "check", "CheckOptions",
+        "Validate the profile and run the whole preflight on the host(s); launch nothing."),
+    "status": CommandInfo(
+        "status", "status", "StatusOptions",
+        "Show per host: running?, pid, uptime, release, health, model, GPU memory, throughput."),
+    "stop": CommandInfo(
+        "stop", "stop", "StopOptions",
+        "Stop the server: SIGTERM its process group, wait, SIGKILL, sweep leftovers, check GPUs."),
+    "tail-log": CommandInfo(
+        "logs", "tail_log", "TailLogOptions",
+        "Show the last lines of the current release's server.log; --follow streams it."),
+    "releases": CommandInfo(
+        "releases", "releases", "ReleasesOptions",
+        "List the releases kept on the host: stamp, profile hash, started, how it ended, log size."),
+    "rollback": CommandInfo(
+        "releases", "rollback", "RollbackOptions",
+        "Stop the current release and relaunch the previous one exactly as it was."),
+    "kill-gpu-procs": CommandInfo(
+        "gpu", "kill_gpu_procs", "KillGpuProcsOptions",
+        "Free GPUs: find every process using them, TERM then KILL, verify the memory came back."),
+    "bench": CommandInfo(
+        "bench", "bench", "BenchOptions",
+        "Load the running server through its OpenAI API: tokens/s, TTFT, ITL, spec acceptance."),
+    "targets": CommandInfo(
+        "targets", "targets", "TargetsOptions",
+        "Print a Prometheus file_sd document: the /metrics address of every running deployment."),
+}
 
 PROFILE_HELP = "TOML deployment profile (default: config key llmfab.profile, else configs/demo.toml)"
 COMMON = {
@@ -20,24 +60,29 @@ COMMON = {
 }
 
 
-def _help(**extra):
-    return dict(COMMON, **extra)
+def command(**flag_help):
+    """@task for the function of the same name in COMMANDS: its summary is the docstring
+    (`fab --list`, `fab --help TASK`), `flag_help` plus COMMON the help of each flag."""
+    def wrap(function):
+        function.__doc__ = COMMANDS[function.__name__.replace("_", "-")].summary
+        return task(help=dict(COMMON, **flag_help))(function)
+    return wrap
 
 
-def _boundary(c, where, options, flags):
-    """Parse `flags` into `options` (a tasks.options class) and run the body `where`
-    ("module:function") with them; any LlmfabError becomes `error: <message>` + its exit code."""
-    from . import options as options_module
+def _boundary(c, name, flags):
+    """Parse `flags` into task `name`'s options record and run its body with them; any
+    LlmfabError becomes `error: <message>` and its exit code."""
+    from . import options
+    info = COMMANDS[name]
     try:
-        opts = getattr(options_module, options).from_flags(**flags)
-        module, function = where.split(":")
-        body = getattr(importlib.import_module(f".{module}", __package__), function)
+        opts = getattr(options, info.options).from_flags(**flags)
+        body = getattr(importlib.import_module(f".{info.module}", __package__), info.function)
         return body(c, opts)
     except LlmfabError as e:
         raise Exit(f"error: {e.message}" if e.message else None, code=int(e.code)) from None
 
 
-@task(help=_help(**{
+@command(**{
     "dry-run": "print the argv and launch.py that would be used; touch no host",
     "no-wait": "return once launched, without waiting for readiness",
     "timeout": "seconds to wait for readiness (default: the profile's ready.timeout)",
@@ -46,81 +91,69 @@ def _boundary(c, where, options, flags):
     "rolling": "N hosts at a time, each batch ready before the next; at the first failed host "
                "stop and put it back (default: the profile's target.rolling, else all at once)",
     "smoke": "a host counts as deployed once it also answered one 1-token completion",
-}))
+})
 def deploy(c, profile=None, dry_run=False, no_wait=False, timeout=None, stop_on_timeout=False,
            json=False, rolling=None, smoke=False, parallel=32, accept_new_host_keys=False):
-    """Validate, preflight, push a release, launch detached, wait until ready (or say why not)."""
-    return _boundary(c, "deploy:deploy", "DeployOptions", locals())
+    return _boundary(c, "deploy", locals())
 
 
-@task(help=_help(**{
-    "json": "print one JSON object per host on stdout (human text goes to stderr)",
-}))
+@command(json="print one JSON object per host on stdout (human text goes to stderr)")
 def check(c, profile=None, json=False, parallel=32, accept_new_host_keys=False):
-    """Validate the profile and run the whole preflight on the host(s); launch nothing."""
-    return _boundary(c, "check:check", "CheckOptions", locals())
+    return _boundary(c, "check", locals())
 
 
-@task(help=_help(**{
-    "json": "print one JSON object per host on stdout (human text goes to stderr)",
-}))
+@command(json="print one JSON object per host on stdout (human text goes to stderr)")
 def status(c, profile=None, json=False, parallel=32, accept_new_host_keys=False):
-    """Show per host: running?, pid, uptime, release, health, model, GPU memory, throughput."""
-    return _boundary(c, "status:status", "StatusOptions", locals())
+    return _boundary(c, "status", locals())
 
 
-@task(help=_help(grace="seconds between SIGTERM and SIGKILL (default 30)"))
+@command(grace="seconds between SIGTERM and SIGKILL (default 30)")
 def stop(c, profile=None, grace=30.0, parallel=32, accept_new_host_keys=False):
-    """Stop the server: SIGTERM its process group, wait, SIGKILL, sweep leftovers, check GPUs."""
-    return _boundary(c, "stop:stop", "StopOptions", locals())
+    return _boundary(c, "stop", locals())
 
 
-@task(help=_help(**{
+@command(**{
     "lines": "how many lines from the end (default 50)",
     "follow": "keep streaming new lines until Ctrl-C; survives dropped connections",
     "grep": "only lines matching this regular expression",
     "release": "read an older release's log (a stamp from `fab releases`)",
-}))
+})
 def tail_log(c, profile=None, lines=50, follow=False, grep=None, release=None, parallel=32,
              accept_new_host_keys=False):
-    """Show the last lines of the current release's server.log; --follow streams it."""
-    return _boundary(c, "logs:tail_log", "TailLogOptions", locals())
+    return _boundary(c, "tail-log", locals())
 
 
-@task(help=_help(**{
+@command(**{
     "json": "print one JSON object per host on stdout",
     "keep": "first prune to the newest N releases (never the current one or the one before it)",
-}))
+})
 def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_host_keys=False):
-    """List the releases kept on the host: stamp, profile hash, started, how it ended, log size."""
-    return _boundary(c, "releases:releases", "ReleasesOptions", locals())
+    return _boundary(c, "releases", locals())
 
 
-@task(help=_help(**{
+@command(**{
     "timeout": "seconds to wait for readiness (default: the profile's ready.timeout)",
     "no-wait": "return once launched, without waiting for readiness",
     "json": "print one JSON object per host on stdout (a failed start: with `fatal`)",
-}))
+})
 def rollback(c, profile=None, timeout=None, no_wait=False, json=False, parallel=32,
              accept_new_host_keys=False):
-    """Stop the current release and relaunch the previous one exactly as it was."""
-    return _boundary(c, "releases:rollback", "RollbackOptions", locals())
+    return _boundary(c, "rollback", locals())
 
 
-@task(help=_help(**{
+@command(**{
     "gpus": "comma-separated GPU indices (default: the profile's gpu.devices, else all)",
     "all": "every GPU on the host, whatever the profile says",
     "grace": "seconds between SIGTERM and SIGKILL (default 10)",
     "dry-run": "list what would be killed (pid, user, command, GPU, MiB); kill nothing",
     "json": "print one JSON object per host on stdout",
-}))
+})
 def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=False, json=False,
                    parallel=32, accept_new_host_keys=False):
-    """Free GPUs: find every process using them, TERM then KILL, verify the memory came back."""
-    return _boundary(c, "gpu:kill_gpu_procs", "KillGpuProcsOptions", locals())
+    return _boundary(c, "kill-gpu-procs", locals())
 
 
-@task(help=_help(**{
+@command(**{
     "requests": "measured requests, after one warm-up request (default 32)",
     "concurrency": "requests in flight at once (default 4)",
     "max-tokens": "max_tokens per request (default 128)",
@@ -128,16 +161,14 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=Fa
     "json": "print one JSON object per host on stdout",
     "compare": "print two saved --json results side by side: --compare A.json,B.json",
     "repeat": "run the bench N times; report each figure's median and spread (default 1)",
-}))
+})
 def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, prompts=None,
           json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None):
-    """Load the running server through its OpenAI API: tokens/s, TTFT, ITL, spec acceptance."""
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
-    return _boundary(c, "bench:bench", "BenchOptions", locals())
+    return _boundary(c, "bench", locals())
 
 
-@task(help=_help(out="write it to this file, replaced in one rename (default: stdout)"))
+@command(out="write it to this file, replaced in one rename (default: stdout)")
 def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
-    """Print a Prometheus file_sd document: the /metrics address of every running deployment."""
-    return _boundary(c, "targets:targets", "TargetsOptions", locals())
+    return _boundary(c, "targets", locals())

@@ -23,12 +23,12 @@ deploy leaves start-failed.json in its release), are skipped.
 
 import datetime
 import os
+from dataclasses import replace
 import signal
 import tempfile
 
 from .errors import OperationFailed
 from .fanout import HostResult
-from .record import replace
 
 
 def describe_end(rec):

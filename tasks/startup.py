@@ -65,8 +65,8 @@ def cache_env(profile, engine_version):
 def engine_version(checks):
     """The engine version preflight found on the host (its `engine` check), or None."""
     for c in checks or ():
-        if c.get("check") == "engine" and c.get("version"):
-            return c["version"]
+        if c.get("check") == "engine" and isinstance(c.get("engine"), dict):
+            return c["engine"].get("version")
     return None
 
 

@@ -1,5 +1,6 @@
-"""The host agent's code: found (not listed), sent only when the host lacks that version,
-verified before it runs (tasks/agentpayload.py, tasks/hostside/registry.py).
+"""The host agent's code: every module of tasks/hostside, sent only when the host lacks that
+version, verified before it runs (tasks/agentpayload.py); its ops in one table
+(tasks/hostside/ops.py).
 
 These run the real bootstrap with the real profile Python as a subprocess (the `local`
 host: the same agent, the same bootstrap, without the SSH hop), with XDG_CACHE_HOME
@@ -18,7 +19,7 @@ import pytest
 from tasks import agentpayload
 from tasks.agentclient import AgentError, AgentStartFailed, Host
 from tasks.agentpayload import BOOTSTRAP, HOSTSIDE, Payload
-from tasks.hostside import registry
+from tasks.hostside.ops import OPS
 
 MARKER_CODE = "open(%r, 'w').write('ran')\n"
 
@@ -40,36 +41,29 @@ def version_dir(cache, code_dir=HOSTSIDE):
     return cache / "llmfab" / "agent" / Payload(code_dir).digest[:32]
 
 
-def test_every_module_travels_and_every_op_is_indexed():
-    payload = Payload()
+def test_every_module_travels():
     names = sorted(n for n in os.listdir(HOSTSIDE) if n.endswith(".py"))
-    assert [n for n, _ in payload.files] == sorted(names + [registry.INDEX_MODULE + ".py"])
-    for name in names:  # what each module really serves is what the index says it serves
-        ops = getattr(importlib.import_module("tasks.hostside." + name[:-3]), "OPS", {})
-        assert {op for op, mod in payload.index.items() if mod == name[:-3]} == set(ops), name
+    assert [n for n, _ in Payload().files] == names
 
 
-def test_a_duplicate_op_name_is_refused_naming_both_modules(tmp_path):
-    (tmp_path / "first.py").write_text('OPS = {"poll": print}\n')
-    (tmp_path / "second.py").write_text('def op_poll(req):\n    return {}\n\nOPS = {"poll": op_poll}\n')
-    with pytest.raises(registry.OpIndexError) as e:
-        Payload(tmp_path)
-    assert str(e.value) == ("agent op 'poll' is declared twice: in first.py and in second.py; "
-                            "op names must be unique across tasks/hostside")
+def test_the_op_table_names_every_op_function_and_nothing_else():
+    """ops.py is the one place every op is listed: each row's function exists, and every
+    `op_*` function of the package is a row's (an op nobody can call is a mistake)."""
+    served = set()
+    for name in sorted(n[:-3] for n in os.listdir(HOSTSIDE) if n.endswith(".py")):
+        module = importlib.import_module("tasks.hostside." + name)
+        served |= {(name, f) for f in vars(module) if f.startswith("op_") and callable(vars(module)[f])}
+    assert {(i.module, i.function) for i in OPS.values()} == served
+    assert all(i.function == "op_" + op for op, i in OPS.items())
 
 
-def test_ops_must_be_a_literal_the_registry_can_read(tmp_path):
-    (tmp_path / "odd.py").write_text("OPS = dict(poll=print)\n")
-    with pytest.raises(registry.OpIndexError, match=r"odd.py:1: OPS must be a dict literal"):
-        registry.scan(tmp_path)
-
-
-def test_a_new_module_is_served_without_editing_any_list(tmp_path, cache):
+def test_a_module_added_to_the_package_travels_and_serves_its_table_row(tmp_path, cache):
     pkg = tmp_path / "hostside"
     shutil.copytree(HOSTSIDE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     (pkg / "zz_extra.py").write_text(
-        "from .common import expand\n\n\ndef op_ping(req):\n    return {'pong': expand('~')}\n\n"
-        "OPS = {'ping': op_ping}\n")
+        "from .common import expand\n\n\ndef op_ping(req):\n    return {'pong': expand('~')}\n")
+    table = (pkg / "ops.py").read_text()
+    (pkg / "ops.py").write_text(table.replace('OPS = {', 'OPS = {\n    "ping": OpInfo("zz_extra", "op_ping", "t"),'))
     host, _ = start(pkg)
     try:
         assert host.call("ping") == {"pong": os.path.expanduser("~")}
@@ -165,7 +159,7 @@ def test_each_request_imports_only_the_modules_it_needs():
         return set(json.loads(r.stdout.replace("'", '"')))
 
     base = loaded("hello")
-    assert base == {"agent", "common", "registry"}  # in-tree the agent scans the package itself
+    assert base == {"agent", "common", "ops"}
     assert loaded("hello", "lock") == base | {"lock"}
     assert "bench" not in loaded("hello", "lock", "poll") and "probe" in loaded("poll")
 

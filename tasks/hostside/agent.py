@@ -4,9 +4,9 @@ llmfab sends exactly one remote command per task and host: the profile's Python
 with a short bootstrap (`tasks.agentpayload.BOOTSTRAP`) that finds this package's
 code cached on the host (or receives it once) and calls `serve()`. Requests then
 flow as JSON lines over the same channel, so a poll tick costs no new remote
-command and no shell start-up. A module is imported when the first request for
-one of its ops arrives (the op index: hostside/registry.py), so a task pays only
-for the code it uses.
+command and no shell start-up. Every op is a row of ops.py (module, function); a
+module is imported when the first request for one of its ops arrives, so a task
+pays only for the code it uses.
 The agent exits when its stdin closes (the SSH session ended), at once even
 mid-operation (a watchdog thread), which also releases any lock it holds.
 Standard library only; Python >= 3.9.
@@ -18,10 +18,10 @@ import sys
 import threading
 
 from .common import CONTEXT, HostError
+from .ops import OPS
 
 VERSION = 2
-_OPS = {}     # op -> function, filled as modules are imported on demand
-_INDEX = {}   # op -> module name (the generated _opindex, else a scan of this directory)
+_FUNCTIONS = {}  # op -> function, filled as modules are imported on demand
 _ORIGIN = {}  # how the bootstrap found this code: agent_dir, code (cached / sent / temporary)
 
 
@@ -56,36 +56,17 @@ def op_batch(req):
     return out
 
 
-OPS = {"hello": op_hello, "batch": op_batch}
-
-
-def index():
-    if not _INDEX:
-        try:
-            from ._opindex import INDEX
-        except ImportError:  # in-tree, not shipped by the client: find the ops ourselves
-            from . import registry
-            INDEX = registry.scan(os.path.dirname(os.path.abspath(__file__)))
-        _INDEX.update(INDEX)
-    return _INDEX
-
-
 def lookup(name):
-    """The function serving op `name`, importing its module on first use (only that one)."""
-    fn = _OPS.get(name)
-    if fn is not None:
-        return fn
-    module = index().get(name)
-    if module is None:
-        raise HostError("unknown agent operation %r" % name, kind="internal")
-    import importlib
-    ops = getattr(importlib.import_module("." + module, __package__), "OPS", {})
-    indexed = {op for op, mod in _INDEX.items() if mod == module}
-    if set(ops) != indexed:  # OPS changed at run time: the index (and its duplicate check) is void
-        raise HostError("%s.py serves ops %s but declares %s in its OPS literal"
-                        % (module, sorted(ops), sorted(indexed)), kind="internal")
-    _OPS.update(ops)
-    return ops[name]
+    """The function serving op `name` (ops.py), importing its module on first use (only that one)."""
+    fn = _FUNCTIONS.get(name)
+    if fn is None:
+        info = OPS.get(name)
+        if info is None:
+            raise HostError("unknown agent operation %r" % name, kind="internal")
+        import importlib
+        module = importlib.import_module("." + info.module, __package__)
+        fn = _FUNCTIONS[name] = getattr(module, info.function)
+    return fn
 
 
 def handle(req):

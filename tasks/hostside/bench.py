@@ -235,5 +235,3 @@ def op_smoke(req):
     return {"model": body["model"], "text": choice["text"], "completion_tokens": tokens,
             "seconds": time.monotonic() - t0}
 
-
-OPS = {"metrics": op_metrics, "bench": op_bench, "smoke": op_smoke}

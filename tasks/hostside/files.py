@@ -28,7 +28,3 @@ def write_file(path, data, mode):
         raise HostError("could not write %s: %s%s" % (path, e.strerror or e, hint), kind="write_failed")
     return len(data)
 
-
-OPS = {
-    "put_file": op_put_file,
-}

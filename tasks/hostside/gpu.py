@@ -157,5 +157,3 @@ def op_gpu_baseline(req):
     write_json(path, record, 0o600)
     return record
 
-
-OPS = {"gpus": op_gpus, "gpu_baseline": op_gpu_baseline}

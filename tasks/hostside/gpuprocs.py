@@ -219,4 +219,5 @@ def _note(foreign, procs):
                                          else "no process here holds a GPU device node"))
 
 
-OPS = {"gpu_procs": lambda req: survey(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))}
+def op_gpu_procs(req):
+    return survey(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))

@@ -106,10 +106,3 @@ def op_relaunch(req):
     out["log_offset"] = offset
     return out
 
-
-OPS = {
-    "release_list": op_release_list,
-    "release_profile": op_release_profile,
-    "prune": op_prune,
-    "relaunch": op_relaunch,
-}

@@ -190,7 +190,3 @@ def _kill(pid):
     except OSError:
         pass
 
-
-OPS = {
-    "launch": op_launch,
-}

@@ -83,8 +83,3 @@ def op_unlock(req):
         os.close(fd)  # closing the last descriptor drops the flock
     return {}
 
-
-OPS = {
-    "lock": op_lock,
-    "unlock": op_unlock,
-}

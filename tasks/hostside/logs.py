@@ -160,5 +160,3 @@ def op_log_read(req):
     out.update(data=_b64(data), offset=offset + len(data))
     return out
 
-
-OPS = {"log_tail": op_log_tail, "log_read": op_log_read}

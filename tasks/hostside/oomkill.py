@@ -34,5 +34,3 @@ def op_kernel_oom(req):
         return {"line": None, "error": proc.stderr.decode("utf-8", "replace").strip()[-300:]}
     return {"line": parse(proc.stdout.decode("utf-8", "replace"), req.get("pids") or ()), "error": None}
 
-
-OPS = {"kernel_oom": op_kernel_oom}

@@ -161,4 +161,5 @@ def kill(targets, grace):
             "seconds": round(time.monotonic() - t0, 3)}
 
 
-OPS = {"stop": op_stop, "kill_procs": lambda req: kill(req["targets"], float(req.get("grace", 10)))}
+def op_kill_procs(req):
+    return kill(req["targets"], float(req.get("grace", 10)))

@@ -227,6 +227,3 @@ def op_ray_cluster(req):
     out.update(running=True, record=record)
     return out
 
-
-OPS = {"ray_address": op_ray_address, "ray_start": op_ray_start, "ray_stop": op_ray_stop,
-       "ray_cluster": op_ray_cluster}

@@ -133,9 +133,3 @@ def op_mark_failed(req):
     os.replace(tmp, os.path.join(path, FAILED_FILE))
     return {}
 
-
-OPS = {
-    "new_release": op_new_release,
-    "discard_release": op_discard_release,
-    "mark_failed": op_mark_failed,
-}

@@ -118,5 +118,3 @@ def op_spec_evidence(req):
     out["evidence"] = ev
     return out
 
-
-OPS = {"spec_evidence": op_spec_evidence}

@@ -408,5 +408,3 @@ def op_startup(req):
     prev = previous(ddir, req["release"], rec["profile_sha256"], rec["engine_version"])
     return {"startup": rec, "previous": prev}
 
-
-OPS = {"startup": op_startup, "startup_last": op_startup_last}

@@ -24,7 +24,3 @@ def op_state(req):
         out["startup"] = read_json(os.path.join(ddir, "releases", server["release"], "startup.json"))
     return out
 
-
-OPS = {
-    "state": op_state,
-}

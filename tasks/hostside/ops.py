@@ -1,0 +1,59 @@
+"""Every operation the host agent serves, in one table: op name -> module, function, summary.
+
+A request `{"op": name, ...}` runs `<module>.<function>(request)` of this package. The
+agent (agent.py) imports a module only when the first request for one of its ops
+arrives, so a task pays only for the code it uses. A new op is a row here and a function
+`op_<name>(req)` in the module that holds its capability; tests/test_agent_code.py holds
+the table and the modules to each other. Standard library only; Python >= 3.9.
+"""
+from collections import namedtuple
+
+OpInfo = namedtuple("OpInfo", "module function summary")
+
+OPS = {
+    # the agent itself
+    "hello": OpInfo("agent", "op_hello", "who answers: agent version, Python, host, user, home, pid"),
+    "batch": OpInfo("agent", "op_batch", "several requests in one message, in order, up to the first failure"),
+    # deploy: lock, release, files, GPU baseline, launch
+    "lock": OpInfo("lock", "op_lock", "take the deployment's lock (flock) or name its holder"),
+    "unlock": OpInfo("lock", "op_unlock", "release the deployment's lock"),
+    "preflight": OpInfo("preflight", "op_preflight", "the host's checks before a launch: Python, engine, paths, "
+                                                     "models, port, GPUs"),
+    "new_release": OpInfo("releases", "op_new_release", "create releases/<UTC stamp> and return its path"),
+    "discard_release": OpInfo("releases", "op_discard_release", "remove a release that never launched"),
+    "mark_failed": OpInfo("releases", "op_mark_failed", "record in a release that it failed to start"),
+    "put_file": OpInfo("files", "op_put_file", "write one file, byte for byte, with its mode"),
+    "gpu_baseline": OpInfo("gpu", "op_gpu_baseline", "record every GPU's used memory just before a launch"),
+    "launch": OpInfo("launch", "op_launch", "run a release's launch.py, point `current` at it, prune"),
+    # watching a server start and run
+    "poll": OpInfo("probe", "op_poll", "one wait tick: alive, new log lines, /health, /v1/models, GPU memory"),
+    "watch": OpInfo("watch", "op_watch", "wait on the host until the server is ready, dies or time runs out"),
+    "state": OpInfo("state", "op_state", "server.json, whether its group is alive, how it ended"),
+    "log_tail": OpInfo("logs", "op_log_tail", "the last lines of a release's log (optionally grep'd)"),
+    "log_read": OpInfo("logs", "op_log_read", "a release's log from an offset, waiting a while for more"),
+    "kernel_oom": OpInfo("oomkill", "op_kernel_oom", "the kernel's OOM-killer lines (dmesg)"),
+    "spec_evidence": OpInfo("speclog", "op_spec_evidence", "the doctor's view of a release in one request"),
+    "startup": OpInfo("startup", "op_startup", "a ready start's phases from its log, kept as startup.json, "
+                                               "with the previous start of the profile"),
+    "startup_last": OpInfo("startup", "op_startup_last", "before a launch: the previous start of this "
+                                                         "profile and engine version"),
+    # GPUs and processes
+    "gpus": OpInfo("gpu", "op_gpus", "nvidia-smi's reading of each (selected) GPU"),
+    "gpu_procs": OpInfo("gpuprocs", "op_gpu_procs", "every process on the selected GPUs (nvidia-smi and /proc)"),
+    "stop": OpInfo("procs", "op_stop", "stop the deployment: TERM its group, grace, KILL, sweep marked stragglers"),
+    "kill_procs": OpInfo("procs", "op_kill_procs", "TERM, then KILL, the given processes"),
+    # releases
+    "release_list": OpInfo("history", "op_release_list", "every release: stamp, profile hash, log size, end"),
+    "release_profile": OpInfo("history", "op_release_profile", "a release's saved profile.toml"),
+    "prune": OpInfo("history", "op_prune", "keep the newest N releases (never current or previous)"),
+    "relaunch": OpInfo("history", "op_relaunch", "run an existing release's launch.py again"),
+    # load and metrics
+    "metrics": OpInfo("bench", "op_metrics", "one or two /metrics snapshots"),
+    "bench": OpInfo("bench", "op_bench", "warm up once, then run the measured window"),
+    "smoke": OpInfo("bench", "op_smoke", "one 1-token completion"),
+    # Ray clusters
+    "ray_address": OpInfo("ray_node", "op_ray_address", "the head node's address"),
+    "ray_start": OpInfo("ray_node", "op_ray_start", "start this Ray node (head or worker) detached"),
+    "ray_stop": OpInfo("ray_node", "op_ray_stop", "stop this Ray node"),
+    "ray_cluster": OpInfo("ray_node", "op_ray_cluster", "the cluster as the head's GCS sees it"),
+}
