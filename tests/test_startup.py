@@ -200,7 +200,7 @@ def _launch_env(tmp_path, profile, release, version):
     from tasks.launcher import render_launcher
     rdir = tmp_path / "deploy" / "releases" / release
     rdir.mkdir(parents=True)
-    (rdir / "launch.py").write_text(render_launcher(profile, version))
+    (rdir / "launch.py").write_text(render_launcher(profile, engine_version=version))
     mod = runpy.run_path(str(rdir / "launch.py"), run_name="launcher")
     return mod["_environment"](str(rdir))
 

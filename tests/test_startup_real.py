@@ -5,16 +5,14 @@ import json
 import pytest
 
 import realengine
-from vllmshim import shim_python
 
 
 @pytest.mark.real_engine
 def test_real_vllm_phases_cover_launch_to_ready(lab, real_vllm, tiny_target):
-    python = shim_python(real_vllm)  # llmfab's vLLM entry point needs `vllm` metadata (vllmshim.py)
     prof = lab.root / "startup-real.toml"
     prof.write_text("\n".join([
         "[target]", f'hosts = ["{lab.hosts[0]}"]', 'name = "startup-real"',
-        "[server]", 'engine = "vllm"', f'python = "{python}"', f'model = "{tiny_target}"',
+        "[server]", 'engine = "vllm"', f'python = "{real_vllm}"', f'model = "{tiny_target}"',
         'host = "127.0.0.1"', "port = 31591",
         "[server.args]", *[f"{k} = {json.dumps(v)}" for k, v in realengine.CPU_ARGS.items()],
         "[server.env]", *[f'{k} = "{v}"' for k, v in realengine.CPU_ENV.items()],
