@@ -102,7 +102,9 @@ MATRIX = [
     ("0.33.0", {"drafter": BAD, "caching": False}, {"spec-mask-token"}, {"vllm-dflash-prefix-caching"}),
     ("0.33.0", {"drafter": DEEP, "caching": False}, {"spec-layer-out-of-range"}, {"spec-drafter-config"}),
     ("0.33.0", {"drafter": EMPTY, "caching": False}, {"spec-drafter-config"}, {"spec-layer-out-of-range"}),
-    ("0.33.0", {"caching": False, "extra": ['speculative-config.num_speculative_tokens = 16']},
+    # a table-valued flag is one value: the child writes the whole speculative-config
+    ("0.33.0", {"caching": False, "extra": ['speculative-config = { method = "dflash", model = '
+                                            '"/root/models/Qwen3.6-27B-DFlash", num_speculative_tokens = 16 }']},
      {"spec-draft-length"}, set()),
     ("0.33.0", {}, set(), {"spec-draft-length", "vllm-dflash-swa-needs-v2", "vllm-dflash-prefix-caching",
                            "vllm-dflash-swa-refused", "vllm-dflash-swa-ignored", "spec-mask-token",
