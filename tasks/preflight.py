@@ -6,12 +6,11 @@ client adds what it alone can judge from the profile (an open port without a key
 prints one line per check and stops the task on any FAIL (exit 1, nothing launched).
 """
 from .errors import PreflightFailed
+from .hostside.probe import ALL_INTERFACES
 from .modelcheck import models_request
 from .profile.serverargs import ServerArgs
 from .profile.types import Profile
 from .specrequest import doctor_request
-
-OPEN_ADDRESSES = ("0.0.0.0", "::", "", "[::]")
 
 
 def deploy_dir(profile: Profile):
@@ -57,7 +56,7 @@ def exposure_checks(profile: Profile):
     host = args.get("host")[1] if args.has("host") else s.host
     port = args.get("port")[1] if args.has("port") else s.port
     env = dict(s.env)
-    if str(host) not in OPEN_ADDRESSES or args.has("api-key") or "VLLM_API_KEY" in env:
+    if str(host) not in ALL_INTERFACES or args.has("api-key") or "VLLM_API_KEY" in env:
         return []
     return [{"status": "WARN", "check": "exposure", "message":
              f"the server listens on {host}:{port} with no API key: anyone who can reach port "
