@@ -16,7 +16,7 @@ from . import benchstats, metrics
 from .runner import load, run_task
 from .errors import ExitCode, OperationFailed, UsageError
 from .fanout import HostResult
-from .profile.types import Secret
+from .report import indented
 
 BUILTIN_PROMPTS = (
     "Explain in a few paragraphs how a transformer language model generates text.",
@@ -61,15 +61,6 @@ def read_prompts(path):
     return items
 
 
-def api_key(profile):
-    """The bearer token the server demands, if any (`api-key` arg, else VLLM_API_KEY env)."""
-    key = profile.server.arg("api-key")
-    if isinstance(key, str):
-        return key
-    env = dict(profile.server.env).get("VLLM_API_KEY")
-    return env.value if isinstance(env, Secret) else env
-
-
 def compare(paths):
     """`--compare A.json,B.json`: the two saved runs side by side."""
     columns = benchstats.read_runs(paths[0]) + benchstats.read_runs(paths[1])
@@ -105,7 +96,7 @@ def _one_run(host, profile, reporter, port, prompts, req, server, ddir):
     engine = profile.server.engine
     raw = host.call("bench", port=port, host=profile.server.host, engine=engine,
                     model=profile.served_name, models_path=profile.ready.models_path,
-                    api_key=api_key(profile), prompts=prompts, **req)
+                    api_key=profile.api_key, prompts=prompts, **req)
     tokens = sum(s["output_tokens"] for s in raw["samples"] if s["ok"])
     _settle(host, profile, port, raw, tokens)
     try:
@@ -149,14 +140,14 @@ def bench(c, opts):
             runs.append(rec)
             unreadable = raw["after"].get("error") if engine != "sglang" else None
             head = [f"run {n + 1} of {opts.repeat}"] if opts.repeat > 1 else []
-            reporter.lines(host.name, ["  " + t for t in head + benchstats.human_lines(
+            reporter.lines(host.name, [indented(t, 2) for t in head + benchstats.human_lines(
                 rec, engine, unreadable, rec.pop("_verdict_lines", None))])
             for err in benchstats.first_errors(raw):
                 reporter.line(host.name, f"  error: {err}")
         if opts.repeat > 1:
             from .benchrepeat import repeat_lines, summarize
             rec = summarize(runs)
-            reporter.lines(host.name, ["  " + t for t in repeat_lines(rec)])
+            reporter.lines(host.name, [indented(t, 2) for t in repeat_lines(rec)])
         if json_mode:
             reporter.emit_json(rec)
         failed = rec["errors"] == rec["requests"]

@@ -26,9 +26,9 @@ Workers are handled all at once (a cluster is a handful of nodes), not by --para
 
 import threading
 import time
+from dataclasses import replace
 
 from .errors import ExitCode, HostUnreachable, OperationFailed, UsageError
-from .record import replace
 from .fanout import HostResult, run_all, worst
 from .profile.types import Profile, Secret
 from .agentclient import AgentError
@@ -182,7 +182,7 @@ def _check_parallel_sizes(profile, gpus):
     if profile.server.engine != "vllm":
         return
     def size(name):
-        v = profile.server.arg(name, profile.server.arg(name.replace("-", "_"), 1))
+        v = profile.server.flags.value(name)
         return v if isinstance(v, int) and not isinstance(v, bool) else 1
     tp, pp = size("tensor-parallel-size"), size("pipeline-parallel-size")
     if tp * pp > gpus:

@@ -7,10 +7,25 @@ from enum import IntEnum
 
 class ExitCode(IntEnum):
     OK = 0
-    FAILED = 1        # the deployment or operation failed
-    BAD_INPUT = 2     # profile or arguments; nothing was done on any host
-    UNREACHABLE = 3   # a host could not be reached or authenticated
+    FAILED = 1
+    BAD_INPUT = 2
+    UNREACHABLE = 3
     INTERRUPTED = 130
+
+
+# What each code means to a user (docs/reference/cli.md is generated from it). With several
+# hosts a task exits with the worst host's code.
+EXIT_MEANINGS = {
+    ExitCode.OK: "success",
+    ExitCode.FAILED: "the deployment or operation failed (server died, not ready in time, a "
+                     "preflight FAIL, GPU memory not freed; status: not running or unhealthy)",
+    ExitCode.BAD_INPUT: "bad input (profile, arguments): one line naming the file, key or flag; "
+                        "nothing was done on any host",
+    ExitCode.UNREACHABLE: "a host could not be reached or authenticated (an unknown host key "
+                          "included)",
+    ExitCode.INTERRUPTED: "interrupted (Ctrl-C); a server being waited on keeps running and "
+                          "the lock is released",
+}
 
 
 class LlmfabError(Exception):

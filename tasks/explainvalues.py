@@ -10,12 +10,9 @@ import shlex
 
 
 def _arg(readings, name):
-    """A [server.args] value by flag name, spelled with dashes or underscores."""
+    """A [server.args] value by flag name (either spelling), None without a profile."""
     server = getattr(readings.profile, "server", None)
-    for key, value in getattr(server, "args", ()):
-        if key.replace("_", "-") == name:
-            return value
-    return None
+    return server.flags.value(name) if server is not None else None
 
 
 def _fab(readings, task):

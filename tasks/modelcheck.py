@@ -7,9 +7,9 @@ can say which line of the profile to change.
 
 Only absolute paths are model directories here (the same rule as the path checks in
 ServerArgs.model_paths); a Hugging Face id such as "Qwen/Qwen3.6-27B" is fetched by
-the engine itself and cannot be read beforehand.
+the engine itself and cannot be read beforehand. The flags come from `profile.server.flags`
+(tasks/profile/serverargs.py), where [server.args] is read once.
 """
-from .profile.serverargs import ServerArgs
 from .profile.types import Profile
 
 # SGLang's --speculative-algorithm (checked case-insensitively by SGLang) -> vLLM's method names.
@@ -17,11 +17,6 @@ SGLANG_ALGORITHMS = {"eagle": "eagle", "eagle3": "eagle3", "nextn": "mtp", "dfla
                      "standalone": "draft_model"}
 TP_FLAGS = {"vllm": ("tensor-parallel-size", "tp"), "sglang": ("tp-size", "tp", "tensor-parallel-size")}
 CONTEXT_FLAGS = {"vllm": ("max-model-len",), "sglang": ("context-length",)}
-
-
-def _args(profile: Profile):
-    """{normalised flag: (key as written, value)}, dotted parts folded (profile/serverargs.py)."""
-    return ServerArgs(profile.server.args).flags()
 
 
 def _int(value):
@@ -43,13 +38,6 @@ def _length(value):
     return _int(value)
 
 
-def _first(args, names):
-    for n in names:
-        if n in args:
-            return args[n]
-    return None, None
-
-
 def _absolute(path):
     return path if isinstance(path, str) and path.startswith("/") else None
 
@@ -66,50 +54,48 @@ def models_request(profile: Profile):
     s = profile.server
     if s.engine not in ("vllm", "sglang"):
         return None
-    args = _args(profile)
+    args = s.flags
     keys = {"target": "server.model"}
     draft = method = None
     spec_tokens = None
     if s.engine == "vllm":
-        name, spec = args.get("speculative-config", (None, None))
-        if isinstance(spec, dict):
-            base = f"server.args.{name}"
-            draft = _absolute(spec.get("model"))
-            keys["draft"] = f"{base}.model"
-            keys["method"] = f"{base}.method"
-            method = spec.get("method")
-            method = method.lower() if isinstance(method, str) else None
-            if method is None and isinstance(spec.get("model"), str):
+        spec = args.speculative
+        if spec is not None:
+            draft = _absolute(spec.model)
+            keys["draft"] = spec.key_of("model")
+            keys["method"] = spec.key_of("method")
+            method = spec.method.lower() if spec.method is not None else None
+            if method is None and spec.model is not None:
                 # vLLM's own detection when no method is given (vllm/config/speculative.py).
-                low = spec["model"].lower()
+                low = spec.model.lower()
                 method = ("eagle" if "eagle-" in low else "eagle3" if "eagle3" in low
                           else "dflash" if "dflash" in low else None)
-            n = _int(spec.get("num_speculative_tokens"))
+            n = _int(spec.num_speculative_tokens)
             if n is not None:
-                spec_tokens = {"value": n, "key": f"{base}.num_speculative_tokens", "over": 0}
+                spec_tokens = {"value": n, "key": spec.key_of("num_speculative_tokens"), "over": 0}
     else:
-        name, path = args.get("speculative-draft-model-path", (None, None))
-        draft = _absolute(path)
-        keys["draft"] = f"server.args.{name}"
-        aname, algo = args.get("speculative-algorithm", (None, None))
+        draft = _absolute(args.value("speculative-draft-model-path"))
+        if args.has("speculative-draft-model-path"):
+            keys["draft"] = args.key("speculative-draft-model-path")
+        algo = args.value("speculative-algorithm")
         if isinstance(algo, str):
             method = SGLANG_ALGORITHMS.get(algo.lower(), algo.lower())
-            keys["method"] = f"server.args.{aname}"
-        tname, n = args.get("speculative-num-draft-tokens", (None, None))
-        if _int(n) is not None:
-            spec_tokens = {"value": _int(n), "key": f"server.args.{tname}", "over": 1}
+            keys["method"] = args.key("speculative-algorithm")
+        n = _int(args.value("speculative-num-draft-tokens"))
+        if n is not None:
+            spec_tokens = {"value": n, "key": args.key("speculative-num-draft-tokens"), "over": 1}
     target = _absolute(s.model)
     if target is None and draft is None:
         return None
-    cname, ctx = _first(args, CONTEXT_FLAGS[s.engine])
-    tname, tp = _first(args, TP_FLAGS[s.engine])
+    ctx, tp = args.value(*CONTEXT_FLAGS[s.engine]), args.value(*TP_FLAGS[s.engine])
+    cname, tname = args.key(*CONTEXT_FLAGS[s.engine]), args.key(*TP_FLAGS[s.engine])
     env = dict(s.env)
     v2 = env.get("VLLM_USE_V2_MODEL_RUNNER")
     v2 = getattr(v2, "value", v2)  # a Secret carries its value; plain env is a str
     return dict(
         engine=s.engine, target=target, draft=draft, method=method, keys=keys,
         spec_tokens=spec_tokens,
-        max_model_len={"value": _length(ctx), "key": f"server.args.{cname}"} if _length(ctx) else None,
-        tp={"value": _int(tp), "key": f"server.args.{tname}"} if _int(tp) else None,
+        max_model_len={"value": _length(ctx), "key": cname} if _length(ctx) else None,
+        tp={"value": _int(tp), "key": tname} if _int(tp) else None,
         v2_runner=v2 == "1",
     )

@@ -1,4 +1,4 @@
-"""Each task's command-line options, parsed once into a frozen record.
+"""Each task's command-line options, parsed once into a frozen dataclass.
 
     opts = DeployOptions.from_flags(profile=None, timeout="90", ...)   # UsageError on bad input
 
@@ -6,11 +6,11 @@ Invoke hands flags over as text or as the defaults in tasks/cli.py; every conver
 check happens here, so a bad value is one UsageError (exit 2) before any host is touched,
 and task bodies read typed fields instead of a dict they could write into.
 """
+import dataclasses
 import re
 from typing import Optional, Tuple
 
 from .errors import UsageError
-from .record import Record, fields
 
 RELEASE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -59,7 +59,8 @@ def gpu_list(text):
     return out
 
 
-class Common(Record):
+@dataclasses.dataclass(frozen=True)
+class Common:
     """Options every task takes."""
     profile: Optional[str] = None
     parallel: int = 32
@@ -72,7 +73,7 @@ class Common(Record):
         flags.pop("c", None)
         flags["parallel"] = whole("parallel", flags.get("parallel"), 1, 32)
         flags["accept_new_host_keys"] = bool(flags.get("accept_new_host_keys"))
-        names = set(fields(cls))
+        names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(flags) - names
         if unknown:  # a task passing a flag its record lacks: a bug here, not the user's
             raise TypeError(f"{cls.__name__} has no option(s) {sorted(unknown)}")
@@ -83,6 +84,7 @@ class Common(Record):
         return flags
 
 
+@dataclasses.dataclass(frozen=True)
 class DeployOptions(Common):
     dry_run: bool = False
     no_wait: bool = False
@@ -104,14 +106,17 @@ class DeployOptions(Common):
         return flags
 
 
+@dataclasses.dataclass(frozen=True)
 class CheckOptions(Common):
     json: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
 class StatusOptions(Common):
     json: bool = False
 
 
+@dataclasses.dataclass(frozen=True)
 class StopOptions(Common):
     grace: float = 30.0
 
@@ -122,6 +127,7 @@ class StopOptions(Common):
         return flags
 
 
+@dataclasses.dataclass(frozen=True)
 class TailLogOptions(Common):
     lines: int = 50
     follow: bool = False
@@ -155,6 +161,7 @@ class TailLogOptions(Common):
         return re.compile(self.grep) if self.grep else None
 
 
+@dataclasses.dataclass(frozen=True)
 class ReleasesOptions(Common):
     json: bool = False
     keep: Optional[int] = None
@@ -171,6 +178,7 @@ class ReleasesOptions(Common):
         return flags
 
 
+@dataclasses.dataclass(frozen=True)
 class RollbackOptions(Common):
     timeout: Optional[float] = None
     no_wait: bool = False
@@ -182,6 +190,7 @@ class RollbackOptions(Common):
         return flags
 
 
+@dataclasses.dataclass(frozen=True)
 class KillGpuProcsOptions(Common):
     gpus: Optional[Tuple[int, ...]] = None
     all: bool = False
@@ -200,6 +209,7 @@ class KillGpuProcsOptions(Common):
         return flags
 
 
+@dataclasses.dataclass(frozen=True)
 class TargetsOptions(Common):
     out: Optional[str] = None        # the file_sd file, replaced atomically; None: stdout
 
@@ -207,6 +217,7 @@ class TargetsOptions(Common):
 BENCH_DEFAULTS = {"requests": 32, "concurrency": 4, "max_tokens": 128}
 
 
+@dataclasses.dataclass(frozen=True)
 class BenchOptions(Common):
     requests: int = BENCH_DEFAULTS["requests"]
     concurrency: int = BENCH_DEFAULTS["concurrency"]

@@ -8,7 +8,6 @@ prints one line per check and stops the task on any FAIL (exit 1, nothing launch
 from .errors import PreflightFailed
 from .hostside.probe import ALL_INTERFACES
 from .modelcheck import models_request
-from .profile.serverargs import ServerArgs
 from .profile.types import Profile
 from .specrequest import doctor_request
 
@@ -21,7 +20,7 @@ def model_paths(profile: Profile):
     """(key, absolute path) pairs the host must have: the model and any drafter/model path in args."""
     s = profile.server
     head = [("server.model", s.model)] if s.model and s.model.startswith("/") else []
-    return head + ServerArgs(s.args).model_paths()
+    return head + s.flags.model_paths()
 
 
 def preflight_request(profile: Profile, state=None):
@@ -52,11 +51,9 @@ def exposure_checks(profile: Profile):
     s = profile.server
     if s.engine not in ("vllm", "sglang"):
         return []
-    args = ServerArgs(s.args)
-    host = args.get("host")[1] if args.has("host") else s.host
-    port = args.get("port")[1] if args.has("port") else s.port
-    env = dict(s.env)
-    if str(host) not in ALL_INTERFACES or args.has("api-key") or "VLLM_API_KEY" in env:
+    host = s.flags.value("host", default=s.host)
+    port = s.flags.value("port", default=s.port)
+    if str(host) not in ALL_INTERFACES or profile.api_key is not None:
         return []
     return [{"status": "WARN", "check": "exposure", "message":
              f"the server listens on {host}:{port} with no API key: anyone who can reach port "
@@ -66,8 +63,11 @@ def exposure_checks(profile: Profile):
 
 
 def print_checks(reporter, name, checks):
+    """One line per check; a doctor's finding as its headline, fix and source."""
+    from .doctor import finding_block
     for c in checks:
-        reporter.line(name, f"{c['status']:<4} {c['check']:<8} {c['message']}")
+        reporter.line(name, finding_block(c["finding"]) if c.get("finding")
+                      else f"{c['status']:<4} {c['check']:<8} {c['message']}")
 
 
 def run_preflight(host, reporter, req, extra=()):

@@ -22,13 +22,13 @@ deploy leaves start-failed.json in its release), are skipped.
 
 import datetime
 import os
+from dataclasses import replace
 import signal
 import tempfile
 
 from .errors import OperationFailed
 from . import report
 from .fanout import HostResult
-from .record import replace
 
 
 def describe_end(rec):

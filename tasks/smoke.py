@@ -17,11 +17,10 @@ class SmokeFailed(OperationFailed):
 
 def smoke_test(host, profile, reporter):
     """Send the completion; return {model, text, completion_tokens, seconds} or raise SmokeFailed."""
-    from .bench import api_key
     try:
         res = host.call("smoke", host=profile.server.host, port=profile.server.port,
                         model=profile.served_name, models_path=profile.ready.models_path,
-                        api_key=api_key(profile), request_timeout=SMOKE_TIMEOUT_S,
+                        api_key=profile.api_key, request_timeout=SMOKE_TIMEOUT_S,
                         timeout=SMOKE_TIMEOUT_S + 30)
     except AgentError as e:
         if e.kind != "smoke_failed":

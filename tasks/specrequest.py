@@ -6,32 +6,29 @@ method, directories, draft length, runner env and prefix caching the profile ask
 with the profile key a message should name, and which FAIL rules the profile accepts.
 """
 from .modelcheck import models_request
-from .profile.serverargs import ServerArgs
 from .profile.types import Profile
 
 
 def _prefix_caching(args):
     """{value: True | False | None (not set: vLLM's default, on), key} of prefix caching."""
-    name, value = args.get("enable-prefix-caching")
-    if name is None:
-        nname, nvalue = args.get("no-enable-prefix-caching")  # the negative flag as its own key
-        if nname is not None and nvalue is True:
-            return {"value": False, "key": f"server.args.{nname}"}
+    if not args.has("enable-prefix-caching"):
+        # the negative flag as its own key
+        if args.value("no-enable-prefix-caching") is True:
+            return {"value": False, "key": args.key("no-enable-prefix-caching")}
         return {"value": None, "key": None}
-    return {"value": bool(value), "key": f"server.args.{name}"}
+    return {"value": bool(args.value("enable-prefix-caching")), "key": args.key("enable-prefix-caching")}
 
 
 def _hub_only(profile):
     """vLLM models named by Hugging Face id (nothing to read on the host): the version rules
     still apply, so the method and draft length are taken from the speculative config."""
-    name, spec = ServerArgs(profile.server.args).get("speculative-config")
-    if profile.server.engine != "vllm" or not isinstance(spec, dict) or not isinstance(spec.get("method"), str):
+    spec = profile.server.flags.speculative
+    if profile.server.engine != "vllm" or spec is None or spec.method is None:
         return None
-    base = f"server.args.{name}"
-    k = spec.get("num_speculative_tokens")
-    return {"engine": "vllm", "method": spec["method"].lower(), "draft": None, "target": None,
-            "keys": {"method": f"{base}.method", "draft": f"{base}.model"},
-            "spec_tokens": {"value": k, "key": f"{base}.num_speculative_tokens", "over": 0}
+    k = spec.num_speculative_tokens
+    return {"engine": "vllm", "method": spec.method.lower(), "draft": None, "target": None,
+            "keys": {"method": spec.key_of("method"), "draft": spec.key_of("model")},
+            "spec_tokens": {"value": k, "key": spec.key_of("num_speculative_tokens"), "over": 0}
             if isinstance(k, int) and not isinstance(k, bool) else None}
 
 
@@ -51,6 +48,6 @@ def doctor_request(profile: Profile):
         "method_key": m["keys"].get("method"), "draft": m.get("draft"),
         "draft_key": m["keys"].get("draft"), "target": m.get("target"),
         "k": m.get("spec_tokens"), "v2_env": v2,
-        "prefix_caching": _prefix_caching(ServerArgs(profile.server.args)),
+        "prefix_caching": _prefix_caching(profile.server.flags),
         "accept": list(check.accept) if check is not None else [],
     }

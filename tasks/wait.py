@@ -84,6 +84,7 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
     req = dict(deploy_dir=deploy_dir, release=server["release"], pid=server["pid"],
                port=profile.server.port, host=profile.server.host,
                health_path=ready_cfg.health_path, models_path=ready_cfg.models_path,
+               api_key=profile.api_key,
                devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
                hints=fatal_hints(), gpu_every_s=max(GPU_EVERY_S, ready_cfg.poll_interval))
 

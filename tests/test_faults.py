@@ -4,7 +4,7 @@ a full disk, stale locks and a taken port -- the real `fab` against the lab's re
 Each test deploys the stand-in vLLM (tests/standins) with a knob that produces the fault,
 or produces the fault on the host itself (lab.kill_sessions, lab.restart_sshd, a tmpfs
 mounted in the host's mount namespace, a process squatting the port). State is polled
-with deadlines, never slept on. Covered elsewhere and referenced in the README section:
+with deadlines, never slept on. Covered elsewhere and listed in docs/guarantees.md:
 a killed client never leaves the lock held (test_logs_releases.py
 ::test_a_killed_deploy_or_stop_never_leaves_the_lock_held) and two deploys at once
 (::test_two_deploys_at_once_exactly_one_proceeds).
@@ -187,6 +187,7 @@ def test_engine_death_after_ready_status_says_dead_and_why(lab):
     human = fab(lab, "status", profile=prof, code=1).stdout
     assert f"not running: release {server['release']} exited with status 0" in human, human
     assert "why: the engine process died" in human and "  fix: " in human, human
+    assert "  source: failure rule engine-dead" in human, human
 
 
 # -- Ctrl-C during the wait ------------------------------------------------------------------

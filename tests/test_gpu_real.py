@@ -46,7 +46,7 @@ TOLERANCE_MIB = 256  # tasks/hostside/gpu.py TOLERANCE_MIB: what "back to baseli
 STOP_BAR_S = 5.0
 
 SKIP_REASON = ("LLMFAB_GPU_HOST is not set: no GPU host to run the gpu suite against "
-               "(see README, Testing: set it to an SSH host with an NVIDIA GPU and PyTorch)")
+               "(see docs/gpus.md: set it to an SSH host with an NVIDIA GPU and PyTorch)")
 if not HOST:
     print(f"\ntests/test_gpu_real.py: skipped: {SKIP_REASON}", file=sys.stderr)
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not HOST, reason=SKIP_REASON)]

@@ -179,12 +179,61 @@ def test_extends_deep_merge(tmp_path):
     })
     assert p.target.hosts == ("c",)                   # arrays are replaced, not concatenated
     assert p.target.keep_releases == 3 and p.server.port == 9001 and p.ready.timeout == 60.0
-    assert p.server.args == (("x", 1), ("y", (3,)), ("cfg", JsonTable('{"a":1,"b":{"c":2,"d":4}}')),
-                             ("z", "mid"))            # base order kept, new keys appended
+    assert p.server.args == (("x", 1), ("y", (3,)), ("cfg", JsonTable('{"b":{"d":4}}')),
+                             ("z", "mid"))            # base order kept, new keys appended;
+    # a table-valued flag is one value: the child's replaces the base's whole
     assert p.plain_env() == {"A": "1", "B": "2"}
     assert p.target.name == "p"                       # stem of the file given, not of a base
     assert [f.name for f in p.sources] == ["p.toml", "mid.toml", "base.toml"]
     assert "extends" not in p.resolved_toml
+
+
+def test_extends_replaces_a_table_valued_flag_whole(tmp_path):
+    # Issue 22: an n-gram child over an EAGLE3 base was merged key by key and sent
+    # {"method":"ngram","model":"<the EAGLE3 drafter>",...} to the server.
+    p = load(tmp_path, {
+        "base.toml": VLLM + '[server.args]\nspeculative-config = { method = "eagle3", model = "/m/eagle3", '
+                            'num_speculative_tokens = 3 }\nmax-model-len = 4096\n'
+                            '[server.env]\nHF_TOKEN = { from_env = "HF_TOKEN" }\nA = "1"\n',
+        "p.toml": 'extends = "base.toml"\n[server.args]\nspeculative-config = { method = "ngram", '
+                  'num_speculative_tokens = 4, prompt_lookup_max = 4 }\n[server.env]\nB = "2"\n',
+    })
+    assert p.server.flags.value("speculative-config") == JsonTable(
+        '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}')
+    assert p.server.flags.speculative.model is None and p.server.flags.value("max-model-len") == 4096
+    assert p.plain_env() == {"A": "1", "B": "2"} and list(p.secrets) == ["HF_TOKEN"]  # sections merge
+    assert tomllib.loads(p.resolved_toml)["server"]["args"]["speculative-config"] == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+
+
+@pytest.mark.parametrize("args, served, key", [
+    ('served-model-name = "a"\napi-key = "k"\n', "a", "k"),
+    ('served_model_name = "a"\napi_key = "k"\n', "a", "k"),      # vLLM takes either spelling
+    ('served_model_name = ["a", "b"]\napi_key = ["k", "l"]\n', "a", "k"),  # the first of several
+    ("", "/m", None),                                                # vLLM's default: the model
+])
+def test_served_name_and_api_key_in_either_spelling(tmp_path, args, served, key):
+    p = load(tmp_path, {"p.toml": VLLM + "[server.args]\n" + args})
+    assert (p.served_name, p.api_key) == (served, key)
+
+
+def test_api_key_from_the_environment_variable_vllm_reads(tmp_path):
+    p = load(tmp_path, {"p.toml": VLLM + '[server.env]\nVLLM_API_KEY = { from_env = "HF_TOKEN" }\n'})
+    assert p.api_key == ENV["HF_TOKEN"]
+    assert load(tmp_path, {"p.toml": VLLM + '[server.env]\nVLLM_API_KEY = "plain"\n'}).api_key == "plain"
+
+
+def test_profile_records_are_frozen_and_hashable_and_a_secret_repr_hides_its_value(tmp_path):
+    import dataclasses
+    p = load(tmp_path, {"p.toml": VLLM + '[server.args]\nx = { a = 1 }\n'})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.server.port = 1
+    assert hash(p.server) == hash(load_profile(tmp_path / "p.toml", environ=ENV).server)
+    moved = dataclasses.replace(p.server, args=(("served_model_name", "n"),))
+    assert moved.flags.served_model_name == "n"  # the flags are read again for the copy
+    s = Secret("HF_TOKEN", "hf_supersecret")
+    assert repr(s) == "Secret(source='HF_TOKEN', value=...)" and str(s) == "<secret from $HF_TOKEN>"
+    assert s.value == "hf_supersecret" and "hf_supersecret" not in repr(Secret("A", "hf_supersecret"))
 
 
 def test_defaults(tmp_path):
@@ -269,10 +318,10 @@ def test_every_shipped_config_loads(path):
 def test_dflash_config_renders_exact_json():
     p = load_profile(CONFIGS / "qwen3.6-27b-dflash.toml", environ={})
     assert p.target.name == "qwen36-dflash" and p.server.port == 30000
-    assert p.server.arg("speculative-config") == JsonTable(
+    assert p.server.flags.value("speculative-config") == JsonTable(
         '{"method":"dflash","model":"/root/models/Qwen3.6-27B-DFlash","num_speculative_tokens":15}')
     assert p.plain_env()["VLLM_USE_V2_MODEL_RUNNER"] == "1"
-    assert p.server.arg("tensor-parallel-size") == 2 and p.served_name == "qwen3.6-27b"
+    assert p.server.flags.value("tensor-parallel-size") == 2 and p.served_name == "qwen3.6-27b"
 
 
 def test_two_node_profile_loads(tmp_path):

@@ -65,7 +65,8 @@ def test_each_version_rule_on_both_sides_of_its_range(tmp_path, rule, over, draf
 
 
 def test_seed_case_on_0_20_1_reports_offset_swa_and_prefix_caching(tmp_path):
-    # The seed profile as it was: no runner env, prefix caching on in the base profile.
+    # The Qwen3.6-27B + DFlash profile as first deployed on vLLM 0.20.1 (~1.1% acceptance): no
+    # runner env, prefix caching on in the base profile.
     req = request(tmp_path, v2_env=None,
                   prefix_caching={"value": True, "key": "server.args.enable-prefix-caching"})
     found = {f["rule"]: f for f in specdoctor.evaluate(specfacts.facts(req, "0.20.1"))}

@@ -15,6 +15,7 @@ from tasks import options
 from tasks.errors import ExitCode, UsageError
 from tasks.profile import load_profile
 from tasks.profile.serverargs import ServerArgs
+from tasks.report import wrap_block
 from tasks.status import Status, render, verdict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,20 +134,36 @@ def test_dry_run_json_is_one_object_per_host_with_argv_launcher_and_files(tmp_pa
     assert "sha256" not in one["files"][3] and "hush" not in r.stdout + r.stderr
 
 
+def test_dry_run_of_a_child_profile_sends_its_own_speculative_config_whole(tmp_path):
+    # Issue 22, as found: an n-gram child over an EAGLE3 base, seen with `deploy --dry-run`.
+    write(tmp_path, '[target]\nname = "b"\n[server]\nengine = "vllm"\nmodel = "/models/m"\n'
+                    '[server.args]\nspeculative-config = { method = "eagle3", model = '
+                    '"/models/eagle3", num_speculative_tokens = 3 }\n', name="base.toml")
+    prof = write(tmp_path, 'extends = "base.toml"\n[server.args]\nspeculative-config = { method = '
+                           '"ngram", num_speculative_tokens = 4, prompt_lookup_max = 4 }\n')
+    r = fab("deploy", "--dry-run", "--json", "--profile", str(prof))
+    assert r.returncode == 0, r.stderr
+    argv = json.loads(r.stdout.splitlines()[0])["argv"]
+    spec = argv[argv.index("--speculative-config") + 1]
+    assert spec == '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":4}'
+
+
 # -- one view on [server.args] ----------------------------------------------------------------
 
 def test_server_args_fold_dotted_keys_and_find_model_paths_either_way():
     from tasks.profile.types import JsonTable
-    dotted = ServerArgs((("speculative_config.model", "/d"), ("speculative-config.method", "eagle"),
-                         ("max_model_len", 4096)))
-    whole = ServerArgs((("speculative-config", JsonTable('{"model":"/d","method":"eagle"}')),
-                        ("max-model-len", 4096)))
+    dotted = ServerArgs.parse((("speculative_config.model", "/d"), ("speculative-config.method", "eagle"),
+                               ("max_model_len", 4096)))
+    whole = ServerArgs.parse((("speculative-config", JsonTable('{"model":"/d","method":"eagle"}')),
+                              ("max-model-len", 4096)))
     for args in (dotted, whole):
-        assert args.get("speculative-config")[1] == {"model": "/d", "method": "eagle"}
-        assert args.get("max_model_len")[1] == 4096 and args.has("max-model-len")
+        assert args.get("speculative-config").table == {"model": "/d", "method": "eagle"}
+        assert (args.speculative.model, args.speculative.method) == ("/d", "eagle")
+        assert args.value("max_model_len") == 4096 and args.has("max-model-len")
         assert [p for _, p in args.model_paths()] == ["/d"]
     assert dotted.model_paths()[0][0] == "server.args.speculative_config.model"
-    assert not whole.has("api-key") and whole.get("api-key") == (None, None)
+    assert dotted.speculative.key_of("model") == "server.args.speculative_config.model"
+    assert not whole.has("api-key") and whole.get("api-key") is None and whole.api_key is None
 
 
 # -- status: gathered, then rendered ---------------------------------------------------------
@@ -170,7 +187,8 @@ def test_status_renders_a_running_server_and_its_verdict_without_a_host():
 def test_status_renders_a_dead_server_with_why():
     st = Status(record(running=False, exit={"returncode": 0, "ended_at": "2026-01-01T00:00:09+00:00"},
                        gpus=None), why="engine died: EngineDeadError")
-    assert render(st) == ["not running: release 20260101T000000Z exited with status 0 at "
-                          "2026-01-01T00:00:09+00:00", "  why: engine died: EngineDeadError"]
+    assert wrap_block(render(st)[0], 1000) == [
+        "not running: release 20260101T000000Z exited with status 0 at 2026-01-01T00:00:09+00:00",
+        "  why: engine died: EngineDeadError"]
     assert verdict(st).summary == "not running"
     assert render(Status(record(running=False, deployed=False, gpus=None))) == ["not deployed"]

@@ -14,7 +14,7 @@ import pytest
 from tasks import logscan, supervision
 from tasks.deploy import release_files
 from tasks.errors import ProfileError
-from tasks.hostside import hangwatch as supervise_watch
+from tasks.hostside import hangwatch
 from tasks.launcher import SUPERVISOR_FILES, SUPERVISOR_MODULES, render_launcher, supervisor_rules
 from tasks.profile import load_profile
 from tasks.status import Status, render
@@ -103,7 +103,7 @@ def test_the_supervisor_ships_every_module_it_imports_and_runs_from_them_alone(t
 def rules(tmp_path_factory):
     path = tmp_path_factory.mktemp("rules") / "supervise_rules.json"
     path.write_bytes(supervisor_rules())
-    return supervise_watch.load_rules(str(path))
+    return hangwatch.load_rules(str(path))
 
 
 FAILURES = sorted((REPO / "tests" / "fixtures" / "failures").glob("*.log"))
@@ -111,11 +111,11 @@ FAILURES = sorted((REPO / "tests" / "fixtures" / "failures").glob("*.log"))
 
 @pytest.mark.parametrize("log", FAILURES, ids=[f.stem for f in FAILURES])
 def test_the_host_picks_the_same_line_and_rule_as_the_explainer(rules, log):
-    """Every recorded failure log: supervise_watch (on the host, from the rules as data)
+    """Every recorded failure log: hangwatch (on the host, from the rules as data)
     names the line and rule tasks/logscan.py names."""
     scanner = logscan.LogScanner()
     scanner.feed(log.read_text(errors="replace"), final=True)
-    line, rule = supervise_watch.fatal_line(str(log), 0, rules)
+    line, rule = hangwatch.fatal_line(str(log), 0, rules)
     if scanner.fatal is None:
         assert rule is None
     else:
@@ -124,8 +124,8 @@ def test_the_host_picks_the_same_line_and_rule_as_the_explainer(rules, log):
 
 def test_hang_detection_reads_the_metric_names_status_reads():
     from tasks import metrics
-    assert supervise_watch.BUSY == metrics.RUNNING + metrics.WAITING
-    assert supervise_watch.GENERATED is metrics.GENERATED
+    assert hangwatch.BUSY == metrics.RUNNING + metrics.WAITING
+    assert hangwatch.GENERATED is metrics.GENERATED
 
 
 # -- the fatal line of one attempt ---------------------------------------------------------
@@ -138,15 +138,15 @@ def test_fatal_line_reads_only_this_attempts_part_of_the_log(tmp_path, rules):
     with log.open("a") as f:
         f.write("INFO loading\n(EngineCore_DP0 pid=9) ERROR 12-01 03:00:00 [core.py:708] "
                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB.\n")
-    line, rule = supervise_watch.fatal_line(str(log), offset, rules)
+    line, rule = hangwatch.fatal_line(str(log), offset, rules)
     assert rule == "cuda-oom" and line.endswith("Tried to allocate 1.95 GiB.")
     with log.open("a") as f:
         f.write("--- llmfab: restart 1 ---\n")
     offset = log.stat().st_size
     with log.open("a") as f:
         f.write('Traceback (most recent call last):\n  File "x.py", line 1\nKeyError: \'model\'\n')
-    assert supervise_watch.fatal_line(str(log), offset, rules) == ("KeyError: 'model'", None)
-    assert supervise_watch.fatal_line(str(log), log.stat().st_size, rules) == (None, None)
+    assert hangwatch.fatal_line(str(log), offset, rules) == ("KeyError: 'model'", None)
+    assert hangwatch.fatal_line(str(log), log.stat().st_size, rules) == (None, None)
 
 
 # -- hang detection against a real HTTP server ----------------------------------------------
@@ -162,7 +162,7 @@ def demo():
 
 
 def watch(port, timeout):
-    return supervise_watch.HangWatch({"hang_timeout": timeout, "probe_host": "127.0.0.1", "port": port,
+    return hangwatch.HangWatch({"hang_timeout": timeout, "probe_host": "127.0.0.1", "port": port,
                                       "health_path": "/health", "metrics_path": "/metrics"})
 
 

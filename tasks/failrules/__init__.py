@@ -2,8 +2,8 @@
 
 `RULES` holds every rule, highest priority first; `BY_ID[id]` finds one. The rule
 `exited` has no pattern: it explains a server that ended without any known line
-(the last exception of its traceback, else its exit status or signal). The README's
-table is rendered from this module (tasks/failtable.py).
+(the last exception of its traceback, else its exit status or signal). The reference
+page docs/reference/failure-rules.md is rendered from this module (tasks/docsgen.py).
 """
 from . import engine, runtime
 from .types import ABOVE, BELOW, ROOT, Pattern, Rule

@@ -33,7 +33,8 @@ RULES = (
         "correct that value in [server.args] ({message})",
         (Pattern(PROG + r"(?P<message>argument (?P<flag>[\w/-]+): Value (?P<value>.*) cannot be converted "
                  r"to <function loads.*)$",
-                 "vLLM 0.8-0.33 vllm/utils/argparse_utils.py (the seed: JSON split by a shell)",
+                 "vLLM 0.8-0.33 vllm/utils/argparse_utils.py (a --speculative-config JSON split "
+                 "into several arguments by a shell)",
                  fix="pass {flag} as ONE argv element of JSON: write it as a TOML table in [server.args] "
                      "(llmfab renders it as compact JSON, no shell in between)"),
          Pattern(PROG + r"(?P<message>.+)$",

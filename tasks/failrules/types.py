@@ -11,6 +11,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
+try:  # the parser `re` itself uses: re._parser from 3.11, sre_parse before
+    from re import _parser as _sre
+except ImportError:  # pragma: no cover - Python 3.9 and 3.10
+    try:
+        import sre_parse as _sre
+    except ImportError:
+        _sre = None  # then every pattern is simply always tried
+
 # Where the cause of a wrapper line is: "" (none: the line is a root cause),
 # "above" (logged before it, e.g. `Engine core initialization failed`), or
 # "below" (the traceback that follows it, e.g. `EngineCore encountered a fatal error`).
@@ -27,51 +35,56 @@ class Pattern:
     needle: Optional[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "compiled", re.compile(self.regex))
+        compiled = re.compile(self.regex)
+        object.__setattr__(self, "compiled", compiled)
         object.__setattr__(self, "needle", required_literal(self.regex))
 
+    def matches(self, line, before=()):
+        """The match of this wording in `line`, or None. `before`: the lines just above it
+        (or a function giving them), for a pattern that needs context (`after`)."""
+        if self.needle is not None and self.needle not in line:
+            return None
+        m = self.compiled.search(line)
+        if m is not None and self.after is not None:
+            above = before() if callable(before) else before
+            if not any(re.search(self.after, b) for b in above[-4:]):
+                return None
+        return m
 
-def required_literal(regex):
-    """The longest plain text every match of `regex` contains, or None (then the regex is
-    always tried). A cheap `in` test on it spares the regex on nearly every healthy line.
-    Only text outside groups and classes counts; a top-level `|` means no such text."""
-    runs, run, depth, i = [], "", 0, 0
-    while i < len(regex):
-        c = regex[i]
-        if c == "\\" and i + 1 < len(regex):
-            nxt = regex[i + 1]
-            i += 2
-            if depth == 0 and not nxt.isalnum():
-                run += nxt
-                continue
+
+# Flags under which the text of a regex is not the text it matches: IGNORECASE ((?i): any
+# case matches, so a case-sensitive `in` test would skip real lines) and VERBOSE ((?x):
+# the spaces written are not matched).
+NO_LITERAL_FLAGS = re.IGNORECASE | re.VERBOSE
+
+
+def required_literal(regex, flags=0):
+    """The longest plain text every match of `regex` contains (4 characters or more), or
+    None: then the regex is always tried. A cheap `in` test on it spares the regex on nearly
+    every healthy line. The text is read from the regex as Python's own parser sees it, so
+    escapes (`\\.`, `\\x41`), classes and flags mean what they mean to `re`: only a run of
+    literal characters at the top level counts (not inside a capturing group, class, repeat
+    or alternative), and none at all under NO_LITERAL_FLAGS (given, or inline as `(?i)`)."""
+    if _sre is None:
+        return None
+    tree = _sre.parse(regex, flags)
+    if tree.state.flags & NO_LITERAL_FLAGS:
+        return None
+    runs, run = [], ""
+    for op, arg in tree:  # `a|b` parses to one BRANCH item (after any common prefix)
+        if op is _sre.LITERAL:
+            run += chr(arg)
+        else:
             runs.append(run)
             run = ""
-            continue
-        i += 1
-        if c in "([":
-            depth += 1
-        elif c in ")]":
-            depth -= 1
-        elif depth == 0 and c == "|":
-            return None
-        elif depth == 0 and c in "?*{":
-            run = run[:-1]  # the char before is optional (or repeated: {m,n})
-            if c == "{":
-                i = regex.find("}", i) + 1 or len(regex)
-        elif depth == 0 and c not in "+.^$":
-            run += c
-            continue
-        runs.append(run)
-        run = ""
-    runs.append(run)
-    best = max(runs, key=len)
+    best = max(runs + [run], key=len)
     return best if len(best) >= 4 else None
 
 
 @dataclass(frozen=True)
 class Rule:
     id: str                         # stable, lowercase-dashed; never renamed once released
-    title: str                      # a few words, for the README table
+    title: str                      # a few words, for the reference table (docs/reference/failure-rules.md)
     priority: int                   # the highest matching rule explains the failure
     cause: str                      # template, plain words
     fix: str                        # template, an action with the numbers filled in
@@ -79,18 +92,9 @@ class Rule:
     wrapper: str = ROOT             # ROOT, ABOVE or BELOW (see above)
 
     def match(self, line, before=()):
-        """(pattern, match) of the first pattern found in `line`, or None.
-
-        `before`: the lines just above it (or a function giving them), for patterns that
-        need context."""
+        """(pattern, match) of the first pattern found in `line`, or None (Pattern.matches)."""
         for p in self.patterns:
-            if p.needle is not None and p.needle not in line:
-                continue
-            m = p.compiled.search(line)
-            if m and p.after is not None:
-                above = before() if callable(before) else before
-                if not any(re.search(p.after, b) for b in above[-4:]):
-                    continue
+            m = p.matches(line, before)
             if m:
                 return p, m
         return None

@@ -12,7 +12,7 @@ LOG_CHUNK = 256 * 1024
 ALL_INTERFACES = ("0.0.0.0", "::", "[::]", "")
 
 
-def http_get(port, path, host="127.0.0.1", timeout=2.0):
+def http_get(port, path, host="127.0.0.1", timeout=2.0, headers=None):
     """(status, body bytes) or (None, error text). Never raises."""
     # Imported here, not at the top: urllib.request pulls in http.client, email and ssl
     # (~25 ms), which an agent that never probes HTTP (deploy --no-wait, stop) skips.
@@ -20,7 +20,8 @@ def http_get(port, path, host="127.0.0.1", timeout=2.0):
     import urllib.request
     url = "http://%s:%d%s" % (host, port, path)
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                    timeout=timeout) as r:
             return r.status, r.read(1 << 20)
     except urllib.error.HTTPError as e:
         return e.code, e.read(1 << 16) if e.fp else b""
@@ -35,8 +36,12 @@ def probe_host(server_host):
     return "127.0.0.1" if server_host in ALL_INTERFACES or server_host == "localhost" else server_host
 
 
-def served_models(port, path, host="127.0.0.1"):
-    status, body = http_get(port, path, host)
+def served_models(port, path, host="127.0.0.1", api_key=None):
+    """The names /v1/models lists, or None. vLLM and SGLang guard /v1/* with --api-key
+    (/health stays open): without the key the list is a 401, and a deploy would wait for it
+    until its timeout."""
+    headers = {"Authorization": "Bearer " + api_key} if api_key else None
+    status, body = http_get(port, path, host, headers=headers)
     if status != 200:
         return None
     try:
@@ -137,7 +142,7 @@ def op_poll(req):
         status, body = http_get(req["port"], req.get("health_path") or "/health", host)
         out["health"] = status if status is not None else body.decode("utf-8", "replace")
         if status == 200 and req.get("models_path"):
-            out["models"] = served_models(req["port"], req["models_path"], host)
+            out["models"] = served_models(req["port"], req["models_path"], host, req.get("api_key"))
     if req.get("nvidia_smi"):
         out["gpus"] = gpu.select(gpu.read_gpus(req["nvidia_smi"]), req.get("devices"))
     return out

@@ -70,7 +70,7 @@ def in_range(version, spec):
 
 
 def describe(spec):
-    """The range in words for the README and messages: ">=0.20.0,<0.22.0" -> "0.20.0 - <0.22.0"."""
+    """The range in words for the docs and messages: ">=0.20.0,<0.22.0" -> "0.20.0 - <0.22.0"."""
     clauses = [p.strip() for p in (spec or "").split(",") if p.strip()]
     if not clauses:
         return "any version"

@@ -150,7 +150,7 @@ def op_watch(req):
                 status, body = http_get(port, req.get("health_path") or "/health", host)
                 health = status if status is not None else body.decode("utf-8", "replace")
                 if status == 200 and req.get("models_path"):
-                    models = served_models(port, req["models_path"], host)
+                    models = served_models(port, req["models_path"], host, req.get("api_key"))
                 next_http = time.monotonic() + HTTP_EVERY_S
         state = {"alive": alive, "health": health if isinstance(health, int) else None,
                  "models": models}

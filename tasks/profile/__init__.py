@@ -5,7 +5,8 @@
     args.py       `[server.args]` and `[server.env]` values: flags, JSON tables, secrets
     check.py      the checker that names the file, key path and what was expected
     types.py      the frozen records (Profile, Server, Target, Ready, Gpu, Cluster, ...)
-    serverargs.py one read-only view on the server's args (lookup, dotted keys, model paths)
+    serverargs.py [server.args] read once (Server.flags): lookup by any spelling, dotted keys,
+                  the speculative config, served name, API key, model paths
     toml_text.py  TOML writer for the saved profile.toml
 """
 from .load import (DEFAULT_PROFILE, find_default_profile, load_profile,  # noqa: F401

@@ -7,7 +7,8 @@ import json
 import math
 import re
 
-from .types import JsonTable, Secret
+from .serverargs import JsonTable, flag_key
+from .types import Secret
 
 ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 
@@ -22,11 +23,6 @@ JSON_FLAGS = frozenset({
 })
 # Nesting this deep in an arg's table is a mistake, and bounding it keeps json.dumps safe.
 MAX_DEPTH = 32
-
-
-def flag_key(name):
-    """Dashes and underscores name the same flag for argparse: compare names this way."""
-    return name.replace("_", "-")
 
 
 def read_args(ck, tbl, path):

@@ -1,20 +1,27 @@
 """The profile's `[check]` table: what the preflight may let through.
 
     [check]
-    accept = ["vllm-dflash-swa-ignored"]   # doctor rule ids (README "Speculative-decoding doctor")
+    accept = ["vllm-dflash-swa-ignored"]   # doctor rule ids (docs/reference/doctor-rules.md)
 
 An accepted FAIL prints as WARN ("accepted in the profile") and no longer stops a deploy.
 Ids are checked against the rule table, so a typo is an error (exit 2), not a FAIL that
 silently still blocks.
 """
+from dataclasses import dataclass
 from typing import Tuple
 
-from ..record import Record
+from .keys import Key, table
 
-CHECK_KEYS = ("accept",)
+CHECK_KEYS = table(
+    "check",
+    Key("accept", "array of strings", "[]",
+        "ids of the speculative-decoding doctor's rules whose FAIL may pass: it prints as WARN "
+        "(accepted in the profile) and no longer stops a deploy; an unknown id is an error"),
+)
 
 
-class CheckCfg(Record):
+@dataclass(frozen=True)
+class CheckCfg:
     accept: Tuple[str, ...] = ()
 
 

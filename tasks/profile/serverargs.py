@@ -1,64 +1,162 @@
-"""One read-only view on a profile's `[server.args]`, for every reader of them.
+"""`[server.args]`, read once: every flag by its normalised name, and the values readers ask for.
 
-    args = ServerArgs(profile.server.args)
-    args.has("host")                         # dashes and underscores name the same flag
-    args.get("max-model-len")                # (key as written, value) or (None, None)
-    args.get("speculative-config")[1]        # a table (or dotted parts) as a dict
-    args.model_paths()                       # [("server.args.speculative-config.model", "/m")]
+    flags = profile.server.flags        # built with the Server (tasks/profile/types.py)
+    flags.value("max_model_len")        # dashes and underscores name the same flag: 4096 or None
+    flags.get("max-model-len")          # Flag(key="max_model_len", value=4096) or None
+    flags.speculative                   # SpecConfig(key, method, model, num_speculative_tokens, ...)
+    flags.served_model_name             # "x" (the first name of several) or None
+    flags.api_key                       # the key the server demands on /v1/*, or None
+    flags.model_paths()                 # [("server.args.speculative-config.model", "/m")]
 
-Dotted keys (`speculative-config.model = "/m"`) are folded into a dict under their
-flag, as vLLM's parser does, so a drafter named that way is found like one written as
-a whole table. argv rendering (tasks/argv.py) keeps the raw pairs in file order.
+Every reader of `[server.args]` asks this object; none looks into the raw pairs by name. The
+raw pairs (`Server.args`, in file order) are what tasks/argv.py renders onto the command line.
+
+Dotted keys (`"speculative-config.model" = "/m"`) fold into a table under their flag, as
+vLLM's parser does, so a drafter named that way is found like one written as a whole table.
+This module imports nothing from the package: tasks/profile/types.py builds on it.
 """
-from .args import flag_key
-from .types import JsonTable
+import json
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+
+def flag_key(name):
+    """Dashes and underscores name the same flag for vLLM's parser: compare names this way."""
+    return name.replace("_", "-")
+
+
+@dataclass(frozen=True)
+class JsonTable:
+    """A table-valued flag (e.g. speculative-config), rendered as ONE argv element of compact JSON.
+
+    `text` is compact JSON (`separators=(",", ":")`, key order as written, ensure_ascii=False).
+    """
+    text: str
+
+    def value(self):
+        """A fresh dict (or list) of the JSON: callers may change it."""
+        return json.loads(self.text)
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag of [server.args]: the key as the profile wrote it (for messages) and its value.
+    Tables (whole, or folded from dotted keys) are JsonTable; arrays are tuples."""
+    key: str
+    value: Any
+
+    @property
+    def table(self):
+        """The value as a dict when it is a JSON object, else None."""
+        if isinstance(self.value, JsonTable):
+            out = self.value.value()
+            return out if isinstance(out, dict) else None
+        return None
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """vLLM's `speculative-config`, as a table (its keys as vLLM names them, with underscores)."""
+    key: str                           # the profile key: "server.args.speculative-config"
+    method: Optional[str]              # as written (None when missing or not text)
+    model: Optional[str]               # the drafter: a path or a hub id
+    num_speculative_tokens: Any        # as written: vLLM's parser takes "15" too (the engine refuses it later)
+    table: JsonTable                   # the whole table
+
+    def key_of(self, name):
+        """The profile key of one entry: `server.args.speculative-config.model`."""
+        return f"{self.key}.{name}"
 
 
 def _is_model_key(name):
     return name == "model" or name.endswith("model_path") or name.endswith("model-path")
 
 
+def _first_text(value):
+    """A flag that takes one or more strings (served-model-name, api-key): the first."""
+    if isinstance(value, tuple):
+        value = value[0] if value else None
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
 class ServerArgs:
-    def __init__(self, args):
-        self.raw = tuple(args)
-        self._by_flag = {}   # normalised flag -> (key as written, value; tables as dicts)
-        for name, value in self.raw:
+    flags: Tuple[Tuple[str, Flag], ...]    # (normalised name, Flag), in file order
+
+    @classmethod
+    def parse(cls, pairs):
+        """The (key as written, value) pairs of [server.args] -> ServerArgs."""
+        by_flag, dotted = {}, {}
+        for name, value in pairs:
             norm = flag_key(name)
-            if isinstance(value, JsonTable):
-                value = value.value()
             if "." in norm:
                 whole, sub = norm.split(".", 1)
-                _key, table = self._by_flag.setdefault(whole, (name.split(".", 1)[0], {}))
-                if isinstance(table, dict):
-                    table[sub.replace("-", "_")] = value
+                if whole not in by_flag:
+                    by_flag[whole] = None          # keeps the place of the first part
+                    dotted[whole] = (name.split(".", 1)[0], {})
+                if whole in dotted:
+                    dotted[whole][1][sub.replace("-", "_")] = value.value() \
+                        if isinstance(value, JsonTable) else value
                 continue
-            self._by_flag[norm] = (name, value)
+            by_flag[norm] = Flag(name, value)
+        for whole, (key, table) in dotted.items():
+            if by_flag[whole] is None:
+                by_flag[whole] = Flag(key, JsonTable(json.dumps(table, separators=(",", ":"),
+                                                                ensure_ascii=False)))
+        return cls(tuple(by_flag.items()))
 
     def get(self, *names):
-        """(key as written, value) of the first of `names` that is set, else (None, None)."""
+        """The Flag of the first of `names` that is set (any spelling), else None."""
         for n in names:
-            hit = self._by_flag.get(flag_key(n))
-            if hit is not None:
-                return hit
-        return None, None
+            norm = flag_key(n)
+            for k, f in self.flags:
+                if k == norm:
+                    return f
+        return None
 
     def has(self, *names):
-        return self.get(*names)[0] is not None
+        return self.get(*names) is not None
 
-    def flags(self):
-        """{normalised flag: (key as written, value)}."""
-        return dict(self._by_flag)
+    def value(self, *names, default=None):
+        f = self.get(*names)
+        return default if f is None else f.value
+
+    def key(self, *names):
+        """`server.args.<key as written>` of the first of `names` that is set, else None."""
+        f = self.get(*names)
+        return None if f is None else f"server.args.{f.key}"
+
+    @property
+    def served_model_name(self):
+        return _first_text(self.value("served-model-name"))
+
+    @property
+    def api_key(self):
+        return _first_text(self.value("api-key"))
+
+    @property
+    def speculative(self):
+        """vLLM's speculative-config as a SpecConfig, or None when not set (or not a table)."""
+        f = self.get("speculative-config")
+        table = f.table if f is not None else None
+        if table is None:
+            return None
+        text = lambda k: table[k] if isinstance(table.get(k), str) else None  # noqa: E731
+        return SpecConfig(key=f"server.args.{f.key}", method=text("method"), model=text("model"),
+                          num_speculative_tokens=table.get("num_speculative_tokens"),
+                          table=f.value)
 
     def model_paths(self):
         """(profile key, absolute path) of every model directory the args name: a `model`
         or `*-model-path` flag, or such a key inside a table (the speculative drafter)."""
         out = []
-        for norm, (name, value) in self._by_flag.items():
-            key = f"server.args.{name}"
-            if isinstance(value, dict):
-                for k, v in value.items():
+        for norm, f in self.flags:
+            key = f"server.args.{f.key}"
+            table = f.table
+            if table is not None:
+                for k, v in table.items():
                     if _is_model_key(k) and isinstance(v, str) and v.startswith("/"):
                         out.append((f"{key}.{k}", v))
-            elif _is_model_key(norm) and isinstance(value, str) and value.startswith("/"):
-                out.append((key, value))
+            elif _is_model_key(norm) and isinstance(f.value, str) and f.value.startswith("/"):
+                out.append((key, f.value))
         return out

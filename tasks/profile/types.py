@@ -1,47 +1,42 @@
 """The validated, immutable profile: what every other module consumes.
 
-`tasks.profile.load_profile(path)` builds these; nothing else does.
-Mappings are kept as tuples of (key, value) pairs in file order so the objects
-stay hashable and immutable; `dict(pairs)` gives a plain dict when needed.
+`tasks.profile.load_profile(path)` builds these; nothing else does (tests build a few by hand).
+They are frozen dataclasses: immutable, compared and hashed by their fields. Mappings are
+kept as tuples of (key, value) pairs in file order so the objects stay hashable;
+`dict(pairs)` gives a plain dict when needed. No `slots=True`: it needs Python 3.10 and
+llmfab runs on 3.9 (setup.cfg), and there are only a handful of these objects per task.
 """
-from ..record import Record
-from .checktable import CheckCfg
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Tuple, Union
+
+from .checktable import CheckCfg
+from .serverargs import JsonTable, ServerArgs
 
 ENGINES = ("vllm", "sglang", "command")
 
 
-class Secret(Record, hidden=("value",)):
+@dataclass(frozen=True, repr=False)
+class Secret:
     """An env value read from the operator's environment (`{ from_env = "NAME" }`)."""
 
     source: str                      # the local environment variable it came from
-    value: str                       # never printed (hidden), never on argv
+    value: str                       # never printed (repr shows `value=...`), never on argv
+
+    def __repr__(self):
+        return f"Secret(source={self.source!r}, value=...)"
 
     def __str__(self):
         return f"<secret from ${self.source}>"
 
 
-# An arg value: str | int | float | bool | tuple of scalars | JSON table (as a plain
-# nested structure of dict/list/scalars, deep-frozen into tuples of pairs is NOT
-# used for tables: tables stay `FrozenJSON`, i.e. a JSON text string sorted as written).
-ArgValue = Union[str, int, float, bool, Tuple[Union[str, int, float, bool], ...], "JsonTable"]
+# An arg value: str | int | float | bool | tuple of scalars | JsonTable (a table, kept as its
+# compact JSON text in the order written: tasks/profile/serverargs.py).
+ArgValue = Union[str, int, float, bool, Tuple[Union[str, int, float, bool], ...], JsonTable]
 
 
-class JsonTable(Record):
-    """A table-valued flag (e.g. speculative-config), rendered as ONE argv element of compact JSON.
-
-    `text` is compact JSON (`separators=(",", ":")`, key order as written, ensure_ascii=False).
-    """
-
-    text: str
-
-    def value(self):
-        import json
-        return json.loads(self.text)
-
-
-class Target(Record):
+@dataclass(frozen=True)
+class Target:
     hosts: Tuple[str, ...]           # () means: this machine, no SSH (same as ("local",))
     name: str                        # deployment name: [A-Za-z0-9._-], not "." / ".."
     workdir: str                     # on the host; "~" allowed at the start
@@ -49,7 +44,8 @@ class Target(Record):
     rolling: Optional[int] = None    # deploy in batches of N hosts (tasks/rolling.py); None: all at once
 
 
-class Server(Record):
+@dataclass(frozen=True)
+class Server:
     engine: str                                  # one of ENGINES
     python: Optional[str]                        # interpreter on the host; None -> "python3"
     model: Optional[str]
@@ -59,19 +55,19 @@ class Server(Record):
     args: Tuple[Tuple[str, ArgValue], ...] = ()  # flag name (no "--") -> value, in file order
     env: Tuple[Tuple[str, Union[str, Secret]], ...] = ()
     files: Tuple[str, ...] = ()                  # local paths (absolute, resolved) copied into the release dir
+    # `args` read once, when the Server is made: what every reader of [server.args] asks
+    flags: ServerArgs = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "flags", ServerArgs.parse(self.args))
 
     @property
     def interpreter(self):
         return self.python or "python3"
 
-    def arg(self, name, default=None):
-        for k, v in self.args:
-            if k == name:
-                return v
-        return default
 
-
-class Ready(Record):
+@dataclass(frozen=True)
+class Ready:
     timeout: float = 1800.0
     poll_interval: float = 1.0
     health_path: str = "/health"
@@ -79,13 +75,15 @@ class Ready(Record):
     served_name: Optional[str] = None            # None -> derived, see Profile.served_name
 
 
-class Gpu(Record):
+@dataclass(frozen=True)
+class Gpu:
     devices: Optional[Tuple[int, ...]] = None    # None -> CUDA_VISIBLE_DEVICES, else all
     min_free_mib: int = 0
     nvidia_smi: str = "nvidia-smi"               # path or name on the host
 
 
-class Cluster(Record):
+@dataclass(frozen=True)
+class Cluster:
     backend: str                                 # "ray"
     workers: Tuple[str, ...]
     ray_port: int = 6379
@@ -95,7 +93,8 @@ class Cluster(Record):
 RESTART_POLICIES = ("no", "on-failure", "always")
 
 
-class Supervise(Record):
+@dataclass(frozen=True)
+class Supervise:
     """[supervise]: restarts by the launcher's reaper on the host (DESIGN.md "Supervision")."""
     restart: str = "no"                          # one of RESTART_POLICIES
     max_restarts: int = 5                        # within `window` s; one more gives up
@@ -110,7 +109,8 @@ class Supervise(Record):
         return self.restart != "no"
 
 
-class Profile(Record):
+@dataclass(frozen=True)
+class Profile:
     path: Path                                   # the file given by the user (resolved)
     target: Target
     server: Server
@@ -125,16 +125,24 @@ class Profile(Record):
 
     @property
     def served_name(self):
+        """The name /v1/models lists: [ready] served_name, else --served-model-name (either
+        spelling; the first of several), else the model (vLLM's and SGLang's default)."""
         if self.ready.served_name is not None:
             return self.ready.served_name
-        name = self.server.arg("served-model-name")
-        if isinstance(name, tuple):
-            name = name[0] if name else None
-        if name is not None:
-            return str(name)
-        if self.server.engine == "command":
-            return None
+        name = self.server.flags.served_model_name
+        if name is not None or self.server.engine == "command":
+            return name
         return self.server.model
+
+    @property
+    def api_key(self):
+        """The bearer token the server demands on /v1/*, if any: --api-key (either spelling;
+        the first of several), else the VLLM_API_KEY environment variable."""
+        key = self.server.flags.api_key
+        if key is not None:
+            return key
+        env = dict(self.server.env).get("VLLM_API_KEY")
+        return env.value if isinstance(env, Secret) else env
 
     @property
     def secrets(self):

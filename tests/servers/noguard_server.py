@@ -1,4 +1,7 @@
-"""A server script with the seed's second bug, for `engine = "command"` tests.
+"""A server script without the __main__ guard, for `engine = "command"` tests.
+
+The same bug was the second one of the Qwen3.6-27B + DFlash deployment on vLLM 0.20.1 that
+llmfab was written after.
 
 It starts its worker process at import time, with no `if __name__ == "__main__":`
 guard, under multiprocessing's "spawn" start method (the one vLLM switches to once CUDA

