@@ -6,12 +6,11 @@ client adds what it alone can judge from the profile (an open port without a key
 prints one line per check and stops the task on any FAIL (exit 1, nothing launched).
 """
 from .errors import PreflightFailed
+from .hostside.probe import ALL_INTERFACES
 from .modelcheck import models_request
 from .report import Block
 from .profile.types import Profile
 from .specrequest import doctor_request
-
-OPEN_ADDRESSES = ("0.0.0.0", "::", "", "[::]")
 
 
 def deploy_dir(profile: Profile):
@@ -55,7 +54,7 @@ def exposure_checks(profile: Profile):
         return []
     host = s.flags.value("host", default=s.host)
     port = s.flags.value("port", default=s.port)
-    if str(host) not in OPEN_ADDRESSES or profile.api_key is not None:
+    if str(host) not in ALL_INTERFACES or profile.api_key is not None:
         return []
     return [{"status": "WARN", "check": "exposure", "message":
              f"the server listens on {host}:{port} with no API key: anyone who can reach port "

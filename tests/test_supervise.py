@@ -19,7 +19,7 @@ import pytest
 
 import helpers
 from helpers import flat, write_profile
-from lab import REPO, HostLab, wait_for
+from lab import REPO, HostLab, alive, wait_for
 
 HOST = "h1"  # shares this machine's PID namespace: pids from the host are ours too
 MIB = 1024
@@ -71,14 +71,6 @@ def status(lab, prof):
 
 def server_pid(lab, name):
     return read(lab.home(HOST) / "llmfab" / name / "server.json")["pid"]
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def restarted_and_ready(lab, prof, n):
