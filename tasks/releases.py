@@ -233,6 +233,11 @@ def rollback_host(host, profile, opts, reporter, to=None):
                              stale_agent=hello.get("pid"))
     reporter.line(name, f"ready in {facts['seconds']:.1f} s: release {prev} on port {old.server.port}")
     result.summary = f"rolled back to {prev}, ready in {facts['seconds']:.1f} s"
+    from . import startup  # this start's phases, kept in the release as its deploy's were
+    rec, slower = startup.record(host, old, ddir, server, facts, None, reporter,
+                                 log_offset=launched.get("log_offset", 0))
+    result.data.update(ready_s=round(facts["seconds"], 3), startup=rec["phases"],
+                       compile_cache=rec["compile_cache"], findings=slower)
     return result
 
 

@@ -50,6 +50,9 @@ def test_a_redeploy_shares_the_cache_estimates_the_time_left_and_says_warm(lab):
         from tasks.startup import in_vllm_compile_key
         assert not [k for k in differ if in_vllm_compile_key(k)]
         assert envs[0]["VLLM_CACHE_ROOT"].endswith(f"/llmfab/{name}/cache/vllm-0.33.0")  # host's view
+        # a rollback relaunches the first release: its start is recorded too, warm this time
+        back = last_json(fab(lab, "rollback", "--json", profile=prof))
+        assert back["compile_cache"] == "warm" and back["startup"][-1]["phase"] == "ready", back
         assert (deployment(lab, host, name) / "cache" / "vllm-0.33.0" / "torch_compile_cache").is_dir()
     finally:
         fab(lab, "stop", "--grace", "5", profile=prof)

@@ -395,7 +395,10 @@ def op_startup(req):
             parser.feed(chunk["text"])
             read += chunk["offset"] - offset
             offset = chunk["offset"]
-    rec = {"release": req["release"], "engine": engine, "engine_version": req.get("engine_version"),
+    version = req.get("engine_version")
+    if version is None:  # a relaunch (rollback): the version its first start recorded
+        version = (read_json(os.path.join(rdir, STARTUP_FILE)) or {}).get("engine_version")
+    rec = {"release": req["release"], "engine": engine, "engine_version": version,
            "profile_sha256": _sha256(os.path.join(rdir, "profile.toml")),
            "launched_at": round(launched_at, 3), "ready_at": round(ready_at, 3),
            "ready_s": round(ready_at - launched_at, 2),
