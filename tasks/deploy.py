@@ -145,7 +145,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
         facts = wait_or_clean_up(host, profile, ddir, server, reporter, task="deploy",
                                  timeout=opts.timeout, stop_on_timeout=opts.stop_on_timeout,
                                  stale_agent=hello.get("pid"),
-                                 progress=startup.Progress(profile.server.engine, last))
+                                 progress=startup.Progress(profile.server.engine, last, version))
     except OperationFailed as e:
         if getattr(e, "stopped", False) and launched is not None:
             launched.pop(name, None)

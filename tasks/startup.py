@@ -75,8 +75,8 @@ class Progress:
     version, the time left: what that start took from the end of the phase just finished
     to ready, less what has passed since this one finished it."""
 
-    def __init__(self, engine, previous, launched_elapsed=0.0):
-        self.parser = Parser(engine or "command", 0.0)
+    def __init__(self, engine, previous, version=None):
+        self.parser = Parser(engine or "command", 0.0, version)
         self.previous = previous
         self.done_at = {}          # phase -> elapsed (this side's clock) when its line came
         self.last_done = None

@@ -254,3 +254,14 @@ def test_previous_start_is_the_same_profile_and_engine_version(tmp_path):
     assert got["release"] == "20261201T000100Z"
     assert hs.previous(str(ddir), "new", "a", "0.32.0", prefer="cold")["release"] == "20261201T000000Z"
     assert hs.previous(str(ddir), "new", "c", "0.32.0") is None
+
+
+def test_rows_apply_to_their_engine_versions():
+    old = [r["pattern"] for r in hs.rules("vllm", "0.10.1")]
+    new = [r["pattern"] for r in hs.rules("vllm", "0.32.0")]
+    takes = next(r["pattern"] for r in hs.PHASE_LINES if "takes" in r["pattern"])
+    assert takes in old and takes not in new  # "torch.compile takes": the wording before 0.12
+    assert len(hs.rules("vllm", None)) == len([r for r in hs.PHASE_LINES if r["engine"] == "vllm"])
+    p = hs.Parser("vllm", 0.0, "0.32.0")
+    p.feed("INFO 12-01 10:00:00 [monitor.py:34] torch.compile takes 3.00 s in total\n")
+    assert p.events == []

@@ -141,12 +141,16 @@ _SGLANG_TIME = re.compile(r"^\[(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\
 _COMPILED = {}
 
 
-def rules(engine):
-    """The table's rows for `engine`, patterns compiled (once per process)."""
-    if engine not in _COMPILED:
-        _COMPILED[engine] = [dict(r, rx=re.compile(r["pattern"])) for r in PHASE_LINES
-                             if r["engine"] == engine]
-    return _COMPILED[engine]
+def rules(engine, version=None):
+    """The table's rows for `engine` at `version` (None: not known, every row of the engine),
+    patterns compiled (once per process)."""
+    key = (engine, version)
+    if key not in _COMPILED:
+        from . import versions
+        _COMPILED[key] = [dict(r, rx=re.compile(r["pattern"])) for r in PHASE_LINES
+                          if r["engine"] == engine and (version is None or versions.parse(version) is None
+                                                        or versions.in_range(version, r["versions"]))]
+    return _COMPILED[key]
 
 
 def line_time(line, year):
@@ -171,10 +175,10 @@ def line_time(line, year):
 class Parser:
     """Fed lines in log order, collects the events that end (or begin) phases."""
 
-    def __init__(self, engine, launched_at):
+    def __init__(self, engine, launched_at, version=None):
         self.engine, self.launched_at = engine, launched_at
         self.year = time.localtime(launched_at).tm_year
-        self.rules = rules(engine)
+        self.rules = rules(engine, version)
         self.events = []      # (phase, kind, t, seconds, rule)
         self.first = None     # time of the first timestamped line
         self.last_t = None
@@ -256,7 +260,7 @@ def phases(parser, ready_at):
         start_hint = begins.pop(phase, None)
         if secs is None and start_hint is not None:
             secs = t - start_hint
-        if any(phase in (r["contains"] or ()) for r in _containers(parser.engine)):
+        if any(phase in (r["contains"] or ()) for r in _containers(parser)):
             nested.append((phase, t, secs))
             continue
         inner = []
@@ -276,8 +280,8 @@ def phases(parser, ready_at):
     return out
 
 
-def _containers(engine):
-    return [r for r in rules(engine) if r.get("contains")]
+def _containers(parser):
+    return [r for r in parser.rules if r.get("contains")]
 
 
 def _span(add, cursor, phase, end, secs, inner, ready_at):
@@ -385,7 +389,10 @@ def op_startup(req):
     if launched_at is None:
         launched_at = ready_at - float(req.get("ready_s") or 0.0)
     engine = req.get("engine") or "command"
-    parser = Parser(engine, launched_at)
+    version = req.get("engine_version")
+    if version is None:  # a relaunch (rollback): the version its first start recorded
+        version = (read_json(os.path.join(rdir, STARTUP_FILE)) or {}).get("engine_version")
+    parser = Parser(engine, launched_at, version)
     if engine != "command":
         offset, path, read = int(req.get("log_offset") or 0), os.path.join(rdir, "server.log"), 0
         while read < SCAN_BYTES:
@@ -395,9 +402,6 @@ def op_startup(req):
             parser.feed(chunk["text"])
             read += chunk["offset"] - offset
             offset = chunk["offset"]
-    version = req.get("engine_version")
-    if version is None:  # a relaunch (rollback): the version its first start recorded
-        version = (read_json(os.path.join(rdir, STARTUP_FILE)) or {}).get("engine_version")
     rec = {"release": req["release"], "engine": engine, "engine_version": version,
            "profile_sha256": _sha256(os.path.join(rdir, "profile.toml")),
            "launched_at": round(launched_at, 3), "ready_at": round(ready_at, 3),
