@@ -38,6 +38,8 @@ def describe_end(rec):
     if failed:
         return f"failed to start ({failed['rule']})" if failed.get("rule") else "failed to start"
     ex = rec.get("exit")
+    if ex and ex.get("stopped"):  # on purpose: however it exited, it did not fail
+        return f"stopped by {ex['stopped'].get('by') or 'a stop'}"
     if ex and ex.get("returncode") is not None:
         rc = int(ex["returncode"])
         if rc < 0:
@@ -199,7 +201,7 @@ def rollback_host(host, profile, opts, reporter, to=None):
     # Hints such as `fab stop --profile ...` must name the user's file, not a temporary copy.
     old = replace(old, path=profile.path)
     reporter.line(name, f"rolling back from {current} to {prev}")
-    stop_deployment(host, ddir, reporter)
+    stop_deployment(host, ddir, reporter, by="fab rollback")
     # The old release's gpu-baseline.json is from its first launch: take today's, so
     # `fab stop` waits for what the GPUs hold now without this server.
     host.call("gpu_baseline", deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,

@@ -113,6 +113,8 @@ def render(status):
     elif r["deployed"]:
         ex = r["exit"] or {}
         how = f"exited with status {ex['returncode']} at {ex['ended_at']}" if ex else "not running"
+        if ex.get("stopped"):  # on purpose (tasks/hostside/common.py STOP_FILE): not a failure
+            how = f"was stopped by {ex['stopped'].get('by')} at {ex['ended_at']} (exit status {ex['returncode']})"
         between = (r.get("supervisor") or {}).get("state")
         if between in ("backoff", "waiting-for-gpu"):
             how = f"is down; the supervisor restarts it ({between})"

@@ -165,7 +165,7 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
         if not stop_on_timeout:
             raise
         reporter.line(name, "--stop-on-timeout: stopping the server")
-        call_resilient(host, "stop", deploy_dir=ddir, grace=30, timeout=90)
+        call_resilient(host, "stop", deploy_dir=ddir, grace=30, by=None, timeout=90)
         err = NotReadyInTime(f"{e.what}; stopped it (--stop-on-timeout); its log stays in "
                              f"release {server['release']}", details=e.details)
         err.stopped = True
@@ -173,7 +173,8 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
     except OperationFailed as e:
         report_error(reporter, name, e)  # the verdict first; the clean-up below may take seconds
         try:
-            call_resilient(host, "stop", deploy_dir=ddir, grace=10, timeout=60, budget=10)
+            # by=None: stopped because it failed, which stays its explanation
+            call_resilient(host, "stop", deploy_dir=ddir, grace=10, by=None, timeout=60, budget=10)
         except Exception:
             pass
         fatal = getattr(e, "fatal", None)
