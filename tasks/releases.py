@@ -38,16 +38,18 @@ def describe_end(rec):
     if failed:
         return f"failed to start ({failed['rule']})" if failed.get("rule") else "failed to start"
     ex = rec.get("exit")
-    if ex and ex.get("stopped"):  # on purpose: however it exited, it did not fail
-        return f"stopped by {ex['stopped'].get('by') or 'a stop'}"
     if ex and ex.get("returncode") is not None:
         rc = int(ex["returncode"])
         if rc < 0:
             try:
-                return f"killed by {signal.Signals(-rc).name}"
+                how = f"killed by {signal.Signals(-rc).name}"
             except ValueError:
-                return f"killed by signal {-rc}"
-        return f"exited {rc}"
+                how = f"killed by signal {-rc}"
+        else:
+            how = f"exited {rc}"
+        if ex.get("stopped"):  # on purpose: however it exited, it did not fail
+            return f"stopped by {ex['stopped'].get('by') or 'a stop'}: {how}"
+        return how
     if rec.get("log_bytes") is None:
         return "never started"
     return "gone (no exit record)"

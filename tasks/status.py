@@ -5,7 +5,8 @@
 `gather(host, profile)` asks the host (state, GPUs, one poll, /metrics) and returns a
 `Status`: the JSON record DESIGN.md fixes (`host, running, pid, release, port, health,
 served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal` and
-`cluster`), and the lines only a human reads. `render(status)` turns it into text and
+`cluster`; from /metrics also `requests_running, requests_waiting, kv_cache_usage` (0..1),
+null where the engine does not say), and the lines only a human reads. `render(status)` turns it into text and
 `verdict(status)` into the host's result: no host is needed to test either.
 Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
 """
@@ -61,6 +62,7 @@ def gather(host, profile, ddir):
               "release": server.get("release"), "port": server.get("port"),
               "health": None, "served_name": None, "gpus": None, "spec": None,
               "generation_tokens_per_s": None,
+              "requests_running": None, "requests_waiting": None, "kv_cache_usage": None,
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
               "deployed": bool(server)}
     out = Status(record)
@@ -80,6 +82,7 @@ def gather(host, profile, ddir):
         from .metrics import status_metrics
         m = status_metrics(host, profile, server)
         record["spec"], record["generation_tokens_per_s"] = m["spec"], m["generation_tokens_per_s"]
+        record.update(m.get("load") or {})
         out.metric_lines = m["lines"]
         if record["spec"] is not None:  # the doctor's verdict and likely causes (tasks/doctor.py)
             from .doctor import status_verdict, with_verdict
