@@ -165,7 +165,9 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
         if not stop_on_timeout:
             raise
         reporter.line(name, "--stop-on-timeout: stopping the server")
-        call_resilient(host, "stop", deploy_dir=ddir, grace=30, by=None, timeout=90)
+        # Stopped on purpose (not ready in time): what it prints while stopping is no failure.
+        call_resilient(host, "stop", deploy_dir=ddir, grace=30, timeout=90,
+                       by=f"fab {task} --stop-on-timeout (not ready in time)")
         err = NotReadyInTime(f"{e.what}; stopped it (--stop-on-timeout); its log stays in "
                              f"release {server['release']}", details=e.details)
         err.stopped = True
