@@ -24,10 +24,11 @@ def release_files(profile: Profile, entry=DEFAULT_ENTRY):
     secrets = render_secrets(profile)
     if secrets:
         files.append(("secrets.json", secrets, 0o600))
+    files += supervisor_files(profile)  # before [files]: small, so always in new_release's request
     for path in profile.server.files:
         with open(path, "rb") as f:
             files.append((os.path.basename(path), f.read(), 0o700 if os.access(path, os.X_OK) else 0o600))
-    return files + supervisor_files(profile)
+    return files
 
 
 def entry_note(profile: Profile):

@@ -194,8 +194,8 @@ def architecture_page():
     out = ["# Where the code is", "",
            "Every module, with the first paragraph of its docstring. The client runs the tasks "
            "(`tasks/`); what runs on a host is standard library only, Python 3.9+ "
-           "(`tasks/hostside/`, shipped to the host as the agent; `tasks/supervise/`, copied "
-           "into a release). `fabfile.py` exposes the tasks to `fab`; `configs/` holds example "
+           "(`tasks/hostside/`, shipped to the host as the agent; its supervisor and the "
+           "modules it uses also go into a supervised release). `fabfile.py` exposes the tasks to `fab`; `configs/` holds example "
            "profiles; `tests/` the tests (`tests/lab.py` builds the OpenSSH lab hosts); "
            "`benchmarks/` the speed measurements.", ""]
     for top in ("tasks", "tests", "benchmarks"):

@@ -27,6 +27,7 @@ import signal
 import tempfile
 
 from .errors import OperationFailed
+from . import report
 from .fanout import HostResult
 
 
@@ -98,8 +99,7 @@ def table_lines(records):
     head = ["", "release", "profile", "started", "ended", "log"]
     body = [["*" if r["current"] else "", r["release"], r["profile_sha"] or "-",
              human_time(r["started_at"]), r["ended"], human_bytes(r["log_bytes"])] for r in records]
-    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
-    return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [head] + body]
+    return report.table_lines(head, body)
 
 
 def previous_release(releases, current):

@@ -134,3 +134,11 @@ def run(req):
 
 def op_preflight(req):
     return {"checks": run(req)}
+
+
+def op_host_facts(req):
+    """What makes two hosts alike for a sweep (`fab tune`): the engine and its version (as
+    the preflight reads it), and the GPUs' names (None: no nvidia-smi)."""
+    gpus = gpu.read_gpus(req.get("nvidia_smi") or "nvidia-smi")
+    return {"engine": check_engine(req["engine"], req.get("argv0"))["message"],
+            "gpus": None if gpus is None else [g["name"] for g in gpus]}

@@ -57,14 +57,24 @@ def engine_version(engine):
     return info and info["version"]
 
 
+def accepted_note(f):
+    """What an accepted FAIL's message says after it."""
+    return " (accepted in the profile)" if f.get("accepted") else ""
+
+
+def accept_hint(f):
+    """What a FAIL's fix says after it: how to accept it by id."""
+    return "; or, knowing better, [check] accept = [\"%s\"]" % f["rule"] if f["severity"] == "FAIL" else ""
+
+
 def checks(findings):
-    """Preflight records for findings; an accepted FAIL says so."""
+    """Preflight records for findings; an accepted FAIL says so. The message holds it all
+    (--json); people see it as a headline, fix and source (tasks/doctor.py finding_block)."""
     out = []
     for f in findings:
-        note = " (accepted in the profile)" if f.get("accepted") else ""
-        how = "; or, knowing better, [check] accept = [\"%s\"]" % f["rule"] if f["severity"] == "FAIL" else ""
         out.append({"check": f["rule"], "status": f["severity"],
-                    "message": "%s%s; fix: %s%s [%s]" % (f["message"], note, f["fix"], how, f["source"]),
+                    "message": "%s%s; fix: %s%s [%s]" % (f["message"], accepted_note(f), f["fix"],
+                                                         accept_hint(f), f["source"]),
                     "finding": f})
     return out
 

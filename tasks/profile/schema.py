@@ -69,7 +69,8 @@ SERVER_KEYS = table(
     Key("args", "table", "{}",
         "the engine's flags without \"--\": true gives --flag, false --no-flag, an array one "
         "argv item per element, a table ONE item of compact JSON (speculative-config); never a "
-        "secret (argv shows in ps)"),
+        "secret (argv shows in ps). llmfab reads a few itself, dashes or underscores alike: "
+        "host, port, served-model-name, api-key and speculative-config (the doctor)"),
     Key("env", "table", "{}",
         "the server's environment: strings, numbers, booleans (\"1\"/\"0\"), or "
         "{ from_env = \"NAME\" }, a secret read from your environment into a 0600 file on the "
@@ -85,8 +86,9 @@ READY_KEYS = table(
     Key("health_path", "string", '"/health"', "the URL path that must answer 200"),
     Key("models_path", "string", '"/v1/models"',
         "the URL path that must list the served model name; \"\" skips this check"),
-    Key("served_name", "string", "the first served-model-name in [server.args], else server.model "
-        "(engine = \"command\": no model check)", "the model name the server must list"),
+    Key("served_name", "string", "the first served-model-name in [server.args] (either spelling: "
+        "served_model_name too), else server.model (engine = \"command\": no model check)",
+        "the model name the server must list"),
 )
 GPU_KEYS = table(
     "gpu",
@@ -135,7 +137,7 @@ HOST_PATTERN = r"[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]*"
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Names the release directory already uses for its own files.
 RESERVED_FILES = frozenset({"launch.py", "argv.json", "profile.toml", "server.log", "secrets.json",
-                            "supervise.py", "supervise_host.py", "supervise_watch.py", "supervise_rules.json"})
+                            "supervise.py", "supervise_rules.json", "llmfab_host"})
 
 
 def build(ck, data, default_name):
