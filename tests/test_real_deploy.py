@@ -27,7 +27,9 @@ import realengine
 from helpers import Background, fab, write_profile
 from lab import REPO, HostLab, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
+# Each step may wait for the machine-wide lock (another suite's real server) and for a start
+# of the engine on a loaded machine: more than the suite's default 300 s.
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine, pytest.mark.timeout(1200)]
 
 NAME = "real-tiny"
 PORT = 18100  # configs/cpu-tiny.toml's, inside the lab host's own network namespace
