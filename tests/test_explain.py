@@ -15,6 +15,8 @@ from tasks.profile import load_profile
 
 FIXTURES = Path(__file__).with_name("fixtures") / "failures"
 CASES = json.loads((FIXTURES / "cases.json").read_text())
+# Logs recorded from the real engine (tests/fixtures/failures/real/; tested in test_realfailures.py).
+REAL_LOGS = sorted((FIXTURES / "real").glob("*.log"))
 # The rule ids of the contract (DESIGN "Failure explanations"), copied here on purpose.
 CONTRACT_IDS = (
     "argparse-error unrecognized-arguments spawn-main-guard max-model-len-too-long kv-cache-too-small "
@@ -190,6 +192,8 @@ EXAMPLES = [
     "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/"
     "pair.cc:144] no error",
     "torch.OutOfMemoryError",
+    "huggingface_hub.errors.HFValidationError: Repo id must use alphanumeric chars, '-', '_' or '.'. "
+    "The name cannot start or end with '-' or '.' and the maximum length is 96: 'models/my model'.",
 ]
 
 
@@ -198,6 +202,7 @@ def test_every_pattern_of_the_rule_table_fires_on_an_example_line():
     prefilter included), so a pattern that can never match -- a case-sensitive literal under
     (?i), a typo'd escape -- fails here instead of staying silent on a real failure."""
     logs = [(FIXTURES / c["file"]).read_text().splitlines() for c in CASES] + [EXAMPLES]
+    logs += [p.read_text().splitlines() for p in REAL_LOGS]
     for rule in RULES:
         for p in rule.patterns:
             fired = any(p.matches(lines[i], lines[max(0, i - 4):i])

