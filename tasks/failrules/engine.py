@@ -12,7 +12,7 @@ NUM = r"[\d,]+"     # vLLM prints plain ints; a comma-grouped figure is read too
 RULES = (
     Rule(
         "max-model-len-too-long", "context longer than the model allows", 84,
-        "max-model-len {asked} is more than the model's {derived_key} ({derived})",
+        "max-model-len {asked} is more than the model's {derived_key} ({derived_int})",
         "set `max-model-len = {derived_int}` in [server.args] (or, if the model really takes "
         "longer inputs, e.g. with rope scaling, [server.env] VLLM_ALLOW_LONG_MAX_MODEL_LEN = \"1\")",
         (Pattern(r"User-specified max_model_len \((?P<asked>\d+)\) is greater than the derived "

@@ -73,7 +73,7 @@ class Server:
             (entry, 8, "<module>", "sys.exit(main())"),
             (os.path.join(HERE, "entrypoints/cli/main.py"), 54, "main", "run_server(args)"),
             *last_frames) + final
-        lines(self.api, text)
+        lines("", text)  # an uncaught exception: Python's own print to stderr, no logger prefix
         stamp_file(self.knobs.fatal_file)
         self._exit(1)
 
@@ -90,14 +90,14 @@ class Server:
                      (os.path.join(HERE, "v1/engine/core.py"), 92, "__init__",
                       "self._initialize_kv_caches(vllm_config)")) + cause
         lines(err, "EngineCore failed to start.\n" + tb)
-        lines(core, "Process EngineCore_DP0:\n" + tb)
+        lines("", "Process EngineCore_DP0:\n" + tb)  # multiprocessing's own print
         api_tb = _frames(
             (sys.argv[0], 8, "<module>", "sys.exit(main())"),
             (os.path.join(HERE, "entrypoints/openai/api_server.py"), 1953, "run_server",
              "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)"),
             (os.path.join(HERE, "v1/engine/utils.py"), 886, "wait_for_engine_startup",
              'raise RuntimeError('))
-        lines(self.api, api_tb + "RuntimeError: Engine core initialization failed. See root "
+        lines("", api_tb + "RuntimeError: Engine core initialization failed. See root "
               "cause above. Failed core proc(s): {'EngineCore_DP0': 1}")
         stamp_file(self.knobs.fatal_file)
         self._exit(1)
