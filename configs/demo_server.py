@@ -76,9 +76,15 @@ class SpecDecodeSim:
     accepted == round(rate * draft_tokens): the acceptance rate measured over a window of
     W draft tokens is `rate` within 2/W. Accepted tokens are always a prefix of the draft,
     so per-position counts fall with the position, like a real drafter's.
+
+    `geometric=True`: position i is accepted in a share rate ** (i + 1) of the steps (each
+    position accepted with probability `rate` given the one before, as real drafters
+    behave: acceptance falls with the position), again exactly, with the rounding carried.
+    Then a larger k yields less per drafted token, and with a cost per drafted token
+    (Engine `draft_cost`) some k is fastest.
     """
 
-    def __init__(self, k, rate):
+    def __init__(self, k, rate, geometric=False):
         if k < 1:
             raise ValueError("num_speculative_tokens must be >= 1, got %r" % (k,))
         self.k = int(k)
@@ -87,6 +93,7 @@ class SpecDecodeSim:
         self.draft_tokens = 0
         self.accepted = 0
         self.per_pos = [0] * self.k
+        self.geometric = bool(geometric)
         self._lock = threading.Lock()
 
     def step(self):
@@ -94,6 +101,14 @@ class SpecDecodeSim:
         with self._lock:
             self.drafts += 1
             self.draft_tokens += self.k
+            if self.geometric:
+                accepted = 0
+                while accepted < self.k and self.per_pos[accepted] < int(math.floor(
+                        self.rate ** (accepted + 1) * self.drafts + 0.5)):
+                    self.per_pos[accepted] += 1
+                    accepted += 1
+                self.accepted += accepted
+                return accepted
             target = int(math.floor(self.rate * self.draft_tokens + 0.5))
             accepted = min(self.k, max(0, target - self.accepted))
             self.accepted += accepted
@@ -247,10 +262,14 @@ class Metrics:
 class Engine:
     """Makes up tokens at `tokens_per_s` per request; drives the metrics and the spec sim."""
 
-    def __init__(self, metrics, *, tokens_per_s=200.0, spec=None):
+    def __init__(self, metrics, *, tokens_per_s=200.0, spec=None, draft_cost=None):
         self.metrics = metrics
         self.tokens_per_s = max(0.001, float(tokens_per_s))
         self.spec = spec
+        # None: each token takes 1/tokens_per_s, drafted or not. A number: a step is one
+        # target pass (1/tokens_per_s) plus `draft_cost` of one per drafted token, and
+        # yields 1 + accepted tokens, so speculative settings change the speed.
+        self.draft_cost = draft_cost
         self._word = 0
         self._lock = threading.Lock()
 
@@ -271,7 +290,11 @@ class Engine:
             while remaining > 0:
                 step = 1 + (self.spec.step() if self.spec is not None else 0)
                 n = min(step, remaining)
-                time.sleep(n / self.tokens_per_s)
+                if self.draft_cost is None:
+                    time.sleep(n / self.tokens_per_s)
+                else:
+                    k = self.spec.k if self.spec is not None else 0
+                    time.sleep((1.0 + self.draft_cost * k) / self.tokens_per_s)
                 remaining -= n
                 self.metrics.add(generated=n)
                 if first:
@@ -538,6 +561,13 @@ def _parser():
                              "(default %(default)s)")
     parser.add_argument("--accept-rate", type=float, default=0.62,
                         help="simulated draft acceptance rate (default %(default)s)")
+    parser.add_argument("--draft-cost", type=float, default=None,
+                        help="cost of one drafted token as a share of a target step (e.g. "
+                             "0.1); then speculative settings change the speed (default: "
+                             "every token costs the same)")
+    parser.add_argument("--accept-falls", action="store_true",
+                        help="acceptance falls with the draft position (position i accepted "
+                             "in accept-rate ** (i + 1) of the steps), as with real drafters")
     parser.add_argument("--api-key", default=None, help="require this bearer token on /v1/*")
     return parser
 
@@ -590,10 +620,11 @@ def main(argv=None):
         log(text % (time.monotonic() - started), where=here + ":31")
     log("init engine (profile, create kv cache, warmup model) took %.2f seconds"
         % (time.monotonic() - started), where=here + ":32")
-    spec = (SpecDecodeSim(args.num_speculative_tokens, args.accept_rate)
+    spec = (SpecDecodeSim(args.num_speculative_tokens, args.accept_rate, args.accept_falls)
             if args.num_speculative_tokens > 0 else None)
     metrics = Metrics(args.served_model_name[0], spec=spec)
-    state = ServerState(Engine(metrics, tokens_per_s=args.tokens_per_s, spec=spec),
+    state = ServerState(Engine(metrics, tokens_per_s=args.tokens_per_s, spec=spec,
+                               draft_cost=args.draft_cost),
                         args.served_model_name, api_key=args.api_key, version="demo")
     log("Starting vLLM-compatible DEMO API server on http://%s:%d" % (args.host, args.port),
         where=here + ":40")

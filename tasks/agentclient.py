@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import threading
 
-from .agentpayload import AGENT_FLAGS, BOOTSTRAP, HOSTSIDE, payload
+from .agentpayload import AGENT_FLAGS, HOSTSIDE, bootstrap, payload
 from .errors import OperationFailed
 
 LOCAL_NAMES = ("local",)
@@ -192,7 +192,7 @@ class Host:
             return self.hello
         self.connect()
         code = payload(self.code_dir)
-        argv = [self.python, *AGENT_FLAGS, "-c", BOOTSTRAP, code.digest]
+        argv = [self.python, *AGENT_FLAGS, "-c", bootstrap(), code.digest]
         self.stats["commands"] += 1
         if self.local:
             self._stderr = tempfile.TemporaryFile()

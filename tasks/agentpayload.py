@@ -4,7 +4,8 @@ The payload is every `*.py` of tasks/hostside (found, not listed: a module added
 there travels without editing anything; which op each serves is the table in
 hostside/ops.py). Its content hash names the copy on the host.
 
-The one remote command per task and host is `PYTHON -S -c BOOTSTRAP DIGEST`. The
+The one remote command per task and host is `PYTHON -S -c BOOTSTRAP DIGEST`, BOOTSTRAP
+being tasks/agent_bootstrap.py (readable, commented) minified here at run time. The
 bootstrap looks for `~/.cache/llmfab/agent/<digest>/` (XDG_CACHE_HOME respected),
 checks that the directory is the user's own, not writable by others, and that its
 files hash to DIGEST, then imports the agent from there, so the profile's Python
@@ -20,6 +21,7 @@ a few ms of CPU per host).
 Bytecode is written even under PYTHONDONTWRITEBYTECODE: the cache directory is ours,
 and compiling ~90 KB of sources is most of a cold start.
 """
+import functools
 import hashlib
 import json
 import os
@@ -33,60 +35,60 @@ HOSTSIDE = Path(__file__).with_name("hostside")
 # package calls hostside.common.site_packages() first.
 AGENT_FLAGS = ("-S",)
 
-# Kept in step with digest() below (the same bytes hashed on both sides). Short names:
-# it travels as one argv word through the remote shell on every task. sha256 from the
-# built-in module where there is one: hashlib loads OpenSSL (~2.5 ms of every start).
-BOOTSTRAP = r"""import sys,os,json
-try:from _sha2 import sha256
-except ImportError:
- try:from _sha256 import sha256
- except ImportError:from hashlib import sha256
-H=sys.argv[1]
-def dig(d):
- s=sha256()
- for n in sorted(os.listdir(d)):
-  if n.endswith('.py'):
-   with open(os.path.join(d,n),'rb') as f:b=f.read()
-   s.update(b'%s\0%d\0'%(n.encode(),len(b))+b)
- return s.hexdigest()
-def good(v):
- try:
-  st=os.stat(v)
-  return st.st_uid==os.getuid() and not st.st_mode&0o22 and dig(os.path.join(v,'llmfab_host'))==H
- except OSError:return False
-R=os.path.join(os.environ.get('XDG_CACHE_HOME') or os.path.expanduser('~/.cache'),'llmfab','agent')
-V=os.path.join(R,H[:32]);I,O=sys.stdin.buffer,sys.stdout.buffer;how='cached'
-if not good(V):
- import tempfile,shutil,time
- O.write(b'{"need": 1}\n');O.flush();F=json.loads(I.readline());how='sent'
- try:
-  os.makedirs(R,0o700,exist_ok=True);T=tempfile.mkdtemp(dir=R)
- except OSError:
-  T=tempfile.mkdtemp(prefix='llmfab-agent-');how='temporary'
- P=os.path.join(T,'llmfab_host');os.mkdir(P,0o700)
- for n,s in F:
-  with open(os.path.join(P,n),'wb') as f:f.write(s.encode())
- if dig(P)!=H:sys.exit('llmfab agent: the code received does not match its hash %s'%H)
- if how=='sent':
-  for e in os.listdir(R):
-   p=os.path.join(R,e)
-   try:
-    if p!=T and (p==V or os.stat(p).st_mtime<time.time()-(3600 if e.startswith('tmp') else 2592000)):
-     X=tempfile.mkdtemp(dir=R);os.rename(p,os.path.join(X,'old'));shutil.rmtree(X,True)
-   except OSError:pass
-  try:os.rename(T,V)
-  except OSError:
-   shutil.rmtree(T,True)
-   if not good(V):raise
- else:V=T
-else:
- try:os.utime(V)
- except OSError:pass
-sys.path.insert(0,V);sys.dont_write_bytecode=False
-from llmfab_host import agent
-agent.serve(I,O,greet={'agent_dir':V,'code':how})
-O.flush();os._exit(0)
-"""
+# The first stage, kept readable in tasks/agent_bootstrap.py (never imported here) and sent
+# minified as one argv word through the remote shell on every task.
+BOOTSTRAP_FILE = Path(__file__).with_name("agent_bootstrap.py")
+
+
+@functools.lru_cache(maxsize=None)
+def bootstrap():
+    """The `-c` text of the remote command: tasks/agent_bootstrap.py, minified."""
+    return minify(BOOTSTRAP_FILE.read_text(encoding="utf-8"))
+
+
+def minify(source):
+    """Python source -> the same program, shorter: no comments, docstrings or blank lines,
+    one space per indentation level, a space between tokens only where two words would
+    merge. As mitogen's minimize_source does for its first stage, from Python's own tokens,
+    so strings and line structure are exactly the source's. F-strings are refused: their
+    tokens differ between Python versions (3.12 splits them)."""
+    import io
+    import tokenize
+    lines, words, depth, line_depth = [], [], 0, 0
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        kind, text = tok.type, tok.string
+        if kind == tokenize.INDENT:
+            depth += 1
+        elif kind == tokenize.DEDENT:
+            depth -= 1
+        elif kind == tokenize.NEWLINE:
+            if not all(k == tokenize.STRING for k, _ in words):  # a lone string: a docstring
+                lines.append((line_depth, _join(words)))
+            words = []
+        elif kind not in (tokenize.COMMENT, tokenize.NL, tokenize.ENDMARKER):
+            fstring = kind == getattr(tokenize, "FSTRING_START", None) or (
+                kind == tokenize.STRING and "f" in text[:len(text) - len(text.lstrip("rRbBuUfF"))].lower())
+            if fstring:
+                raise ValueError("minify: line %d has an f-string; use %% formatting" % tok.start[0])
+            if not words:
+                line_depth = depth
+            words.append((kind, text))
+    out = []
+    for i, (level, text) in enumerate(lines):
+        out.append(" " * level + text)
+        # A block whose only statement was a docstring keeps a body.
+        if text.endswith(":") and (i + 1 == len(lines) or lines[i + 1][0] <= level):
+            out.append(" " * (level + 1) + "pass")
+    return "\n".join(out) + "\n"
+
+
+def _join(words):
+    text = ""
+    for _, word in words:
+        if text and (text[-1].isalnum() or text[-1] == "_") and (word[0].isalnum() or word[0] == "_"):
+            text += " "
+        text += word
+    return text
 
 
 def digest(files):

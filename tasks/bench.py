@@ -3,7 +3,8 @@
 Flags are checked first (exit 2, no host touched): --requests (32), --concurrency (4) and
 --max-tokens (128) must be positive integers; --prompts is a JSONL file read here, one
 `{"prompt": "..."}` (-> /v1/completions) or `{"messages": [...]}` (-> /v1/chat/completions)
-per line; without it a small built-in prompt set is used. The agent then runs one warm-up
+per line; without it the shipped prompt set (tasks/workload.py: text a drafter can
+predict in part) in the order `--seed` gives (default 0). The agent then runs one warm-up
 request (not measured) and the measured requests against 127.0.0.1:port, streaming, and
 snapshots /metrics right before and after the window, so the speculative-decoding numbers
 are counter deltas over the bench alone. `--compare A.json,B.json` prints two saved
@@ -12,21 +13,12 @@ are counter deltas over the bench alone. `--compare A.json,B.json` prints two sa
 import json
 from pathlib import Path
 
-from . import benchstats, metrics
+from . import benchstats, metrics, workload
 from .runner import load, run_task
 from .errors import ExitCode, OperationFailed, UsageError
 from .fanout import HostResult
+from .report import indented
 
-BUILTIN_PROMPTS = (
-    "Explain in a few paragraphs how a transformer language model generates text.",
-    "Write a Python function that merges two sorted lists, and explain its complexity.",
-    "Summarize the causes and consequences of the industrial revolution.",
-    "List ten practical tips for debugging a distributed system, with one example each.",
-    "Describe how speculative decoding speeds up inference of large language models.",
-    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
-    "Compare TCP and UDP: guarantees, costs, and when to choose each.",
-    "Translate into French and then explain the grammar: 'The cat sleeps on the warm roof.'",
-)
 # After the window the agent's counters may trail the last streamed token by a moment.
 COUNTER_SETTLE_S = 2.0
 
@@ -90,8 +82,10 @@ def _settle(host, profile, port, raw, tokens):
         raw["after"] = res["samples"][0]
 
 
-def _one_run(host, profile, reporter, port, prompts, req, server, ddir):
-    """One measured bench window: (result record, the agent's raw answer)."""
+def measure_once(host, profile, reporter, port, prompts, req, server, ddir):
+    """One measured bench window: (result record, the agent's raw answer). `req`: requests,
+    concurrency, max_tokens, and optionally `sampling` (extra request fields, e.g.
+    temperature). `fab tune` measures each variant with this too."""
     engine = profile.server.engine
     raw = host.call("bench", port=port, host=profile.server.host, engine=engine,
                     model=profile.served_name, models_path=profile.ready.models_path,
@@ -115,7 +109,10 @@ def bench(c, opts):
     if opts.compare:
         return compare(opts.compare)
     req = {"requests": opts.requests, "concurrency": opts.concurrency, "max_tokens": opts.max_tokens}
-    prompts = read_prompts(opts.prompts) if opts.prompts else [{"prompt": p} for p in BUILTIN_PROMPTS]
+    if opts.temperature is not None:
+        req["sampling"] = {"temperature": opts.temperature}
+    prompts = read_prompts(opts.prompts) if opts.prompts \
+        else workload.prompts(seed=opts.seed, count=opts.requests + 1)
     profile = load(c, opts.profile)
     json_mode = opts.json
     from .preflight import deploy_dir
@@ -135,18 +132,18 @@ def bench(c, opts):
                                  + (f", {opts.repeat} runs" if opts.repeat > 1 else ""))
         runs = []
         for n in range(opts.repeat):
-            rec, raw = _one_run(host, profile, reporter, port, prompts, req, server, ddir)
+            rec, raw = measure_once(host, profile, reporter, port, prompts, req, server, ddir)
             runs.append(rec)
             unreadable = raw["after"].get("error") if engine != "sglang" else None
             head = [f"run {n + 1} of {opts.repeat}"] if opts.repeat > 1 else []
-            reporter.lines(host.name, ["  " + t for t in head + benchstats.human_lines(
+            reporter.lines(host.name, [indented(t, 2) for t in head + benchstats.human_lines(
                 rec, engine, unreadable, rec.pop("_verdict_lines", None))])
             for err in benchstats.first_errors(raw):
                 reporter.line(host.name, f"  error: {err}")
         if opts.repeat > 1:
             from .benchrepeat import repeat_lines, summarize
             rec = summarize(runs)
-            reporter.lines(host.name, ["  " + t for t in repeat_lines(rec)])
+            reporter.lines(host.name, [indented(t, 2) for t in repeat_lines(rec)])
         if json_mode:
             reporter.emit_json(rec)
         failed = rec["errors"] == rec["requests"]

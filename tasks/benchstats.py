@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import metrics
 from .errors import UsageError
+from .report import Block
 
 FIELDS = ("host", "requests", "errors", "duration_s", "requests_per_s", "output_tokens_per_s",
           "ttft_ms", "itl_ms", "spec")
@@ -85,7 +86,7 @@ def human_lines(rec, engine, metrics_error=None, verdict=None):
         else f"speculative decoding: unknown (/metrics: {metrics_error})"
     text, more = verdict or (None, [])
     if text:
-        spec_line += "; " + text
+        spec_line = Block(f"{spec_line}; {text}")
     return [
         f"requests        {rec['requests']} ({rec['errors']} errors) in {rec['duration_s']:.2f} s",
         f"requests/s      {_num(rec['requests_per_s'], '.2f')}",

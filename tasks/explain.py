@@ -37,6 +37,7 @@ class Explanation:
     cause: str
     fix: str
     lines: list = field(default_factory=list)      # the log lines that explain it
+    source: Optional[str] = None                   # where the matched wording was read
 
     def as_json(self):
         return {"rule": self.rule, "line": self.line, "cause": self.cause, "fix": self.fix}
@@ -44,6 +45,10 @@ class Explanation:
     def message(self):
         """`server failed: <cause>` then `fix: <fix>` (the reporter prefixes `error: `)."""
         return f"server failed: {self.cause}\nfix: {self.fix}"
+
+    def source_text(self):
+        """The rule that explained it and where its wording was read, for people."""
+        return f"failure rule {self.rule}" + (f", worded as in {self.source}" if self.source else "")
 
 
 class _Values(dict):
@@ -81,7 +86,7 @@ def explain(scanner, readings=None):
     values = _Values(dict(scanner.groups_for(rule), **finding.groups), finding, readings)
     values["inner"] = finding.inner or "no exception line came with it (see the lines below)"
     return Explanation(rule.id, finding.line.strip(), fill(rule.cause, values),
-                       fill(finding.fix or rule.fix, values), scanner.explanation())
+                       fill(finding.fix or rule.fix, values), scanner.explanation(), finding.source)
 
 
 def exit_cause(values, readings):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from .errors import ExitCode, LlmfabError
 from .agentclient import Host
+from .report import Block, indented
 
 
 @dataclass
@@ -60,11 +61,18 @@ def run_all(hosts, op, *, parallel, reporter, host_kwargs):
 
 
 def report_error(reporter, name, error):
-    """Print an error once, with its detail lines (a task may report early, then clean up)."""
+    """Print an error once, with its detail lines (a task may report early, then clean up).
+    A failed server's error is its cause, then the fix and the rule's source on indented
+    lines wrapped to the terminal (tasks/report.py Block), then the log lines verbatim."""
     if getattr(error, "reported", False):
         return
-    reporter.line(name, f"error: {error.message}")
-    reporter.lines(name, ["  " + d for d in error.details])
+    ex = getattr(error, "explanation", None)
+    if ex is not None:
+        reporter.line(name, Block(f"error: server failed: {ex.cause}",
+                                  (("fix", ex.fix), ("source", ex.source_text()))))
+    else:
+        reporter.line(name, f"error: {error.message}")
+    reporter.lines(name, [indented(d, 2) for d in error.details])
     error.reported = True
 
 

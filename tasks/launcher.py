@@ -15,7 +15,7 @@ restarts the server per the profile; the rest of launch.py is the same.
 import json
 from pathlib import Path
 
-from .argv import server_argv
+from .argv import DEFAULT_ENTRY, server_argv
 from .profile.types import Profile
 
 TEMPLATE = '''\
@@ -208,13 +208,13 @@ def _in_docstring(text):
     return json.dumps(text)[1:-1]
 
 
-def render_launcher(profile: Profile) -> str:
-    """The text of launch.py for this profile. Deterministic: golden-tested."""
+def render_launcher(profile: Profile, entry=DEFAULT_ENTRY) -> str:
+    """The text of launch.py for this profile (`entry`: tasks/argv.py). Deterministic: golden-tested."""
     text = TEMPLATE.format(
         name="'%s'" % _in_docstring(profile.target.name),
         profile_name=_in_docstring(profile.path.name),
         digest=profile.digest[:12],
-        argv=_literal(server_argv(profile)),
+        argv=_literal(server_argv(profile, entry)),
         env=_literal(profile.plain_env()),
         secret_names=_literal(sorted(profile.secrets)),
         port=profile.server.port,
@@ -228,5 +228,5 @@ def render_secrets(profile: Profile) -> bytes:
     return (json.dumps(secrets) + "\n").encode() if secrets else b""
 
 
-def render_argv_json(profile: Profile) -> bytes:
-    return (json.dumps(server_argv(profile), ensure_ascii=False, indent=1) + "\n").encode("utf-8", "surrogateescape")
+def render_argv_json(profile: Profile, entry=DEFAULT_ENTRY) -> bytes:
+    return (json.dumps(server_argv(profile, entry), ensure_ascii=False, indent=1) + "\n").encode("utf-8", "surrogateescape")

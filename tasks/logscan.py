@@ -42,6 +42,7 @@ class Finding(NamedTuple):
     groups: dict                  # the pattern's named groups that matched
     fix: Optional[str] = None     # the matched wording's own fix template, if any
     inner: Optional[str] = None   # a wrapper's cause: the exception line it points at
+    source: Optional[str] = None  # where the matched wording was read (engine, version, file)
 
 
 class Exc(NamedTuple):
@@ -129,7 +130,7 @@ class LogScanner:
     def _finding(self, n, rule, pattern, m, inner=None):
         line = m.string  # the whole line the pattern was searched in
         groups = {k: v for k, v in m.groupdict().items() if v is not None}
-        return Finding(line, rule.title, rule, groups, pattern.fix, inner)
+        return Finding(line, rule.title, rule, groups, pattern.fix, inner, pattern.source)
 
     def _decide(self, final):
         if not self.matches:

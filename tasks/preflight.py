@@ -64,8 +64,11 @@ def exposure_checks(profile: Profile):
 
 
 def print_checks(reporter, name, checks):
+    """One line per check; a doctor's finding as its headline, fix and source."""
+    from .doctor import finding_block
     for c in checks:
-        reporter.line(name, f"{c['status']:<4} {c['check']:<8} {c['message']}")
+        reporter.line(name, finding_block(c["finding"]) if c.get("finding")
+                      else f"{c['status']:<4} {c['check']:<8} {c['message']}")
 
 
 def run_preflight(host, reporter, req, extra=()):

@@ -3,13 +3,71 @@
 Human text goes to stdout, or to stderr when --json is given. A progress line
 updates in place on a terminal when one host is involved, else it is printed as a
 plain line whenever its phase changes (and at most every `PLAIN_EVERY_S`).
+
+A finding (a doctor's rule, the live verdict's likely cause, why a server failed) is a
+`Block`: a headline, then its fix and source on indented lines, every line wrapped to the
+terminal's width (80 when the output is not a terminal), so no 400-character line runs off
+the screen. textwrap does it: a table or progress library would add a dependency for this
+one need, and `--json` carries the same fields unwrapped.
 """
 import json
+import os
 import sys
+import textwrap
 import threading
 import time
+from typing import NamedTuple, Tuple
 
 PLAIN_EVERY_S = 15.0
+NOT_A_TERMINAL_COLUMNS = 80
+MIN_COLUMNS = 40  # narrower than this, wrapping helps no one: lines are cut at 40 anyway
+
+
+class Block(NamedTuple):
+    """A headline, then each (label, text) of `notes` on its own line (`label: text`), all
+    `hang` columns in from the headline; lines start `indent` columns in."""
+    headline: str
+    notes: Tuple[Tuple[str, str], ...] = ()
+    indent: int = 0
+    hang: int = 2
+
+
+def indented(line, n):
+    """A line (str or Block) `n` columns further in."""
+    if isinstance(line, Block):
+        return line._replace(indent=line.indent + n)
+    return " " * n + line
+
+
+def wrap_block(block, width):
+    """The lines of `block`, each at most `width` columns unless one word is longer (paths,
+    URLs and flags are never split: a reader copies them). A headline's further lines and the
+    notes sit `hang` columns in; a note's further lines sit under its text."""
+    def wrap(text, first, rest):
+        return textwrap.wrap(text, max(width, MIN_COLUMNS), initial_indent=first,
+                             subsequent_indent=rest, break_long_words=False,
+                             break_on_hyphens=False) or [first.rstrip()]
+    lead, inner = " " * block.indent, " " * (block.indent + block.hang)
+    out = wrap(block.headline, lead, inner)
+    for label, text in block.notes:
+        if text:
+            first = f"{inner}{label}: "
+            out += wrap(str(text), first, " " * len(first))
+    return out
+
+
+def columns(stream):
+    """The width to wrap to: $COLUMNS if set, else the terminal's, else 80 (not a terminal).
+    shutil.get_terminal_size does the same for stdout only; human text may go to stderr."""
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        if stream.isatty():
+            return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        pass
+    return NOT_A_TERMINAL_COLUMNS
 
 
 class Reporter:
@@ -18,6 +76,7 @@ class Reporter:
         self.stream = stream or (sys.stderr if json_mode else sys.stdout)
         self.width = max([len(h) for h in hosts] + [1])
         self.inplace = len(hosts) <= 1 and self.stream.isatty()
+        self.columns = columns(self.stream)
         self._lock = threading.Lock()
         self._progress_shown = False
         self._last_plain = {}
@@ -31,10 +90,16 @@ class Reporter:
             self._progress_shown = False
 
     def line(self, host, text=""):
+        """One line (several if `text` holds newlines), or a Block wrapped to the terminal."""
+        prefix = self._prefix(host)
+        if isinstance(text, Block):
+            parts = wrap_block(text, self.columns - len(prefix))
+        else:
+            parts = str(text).splitlines() or [""]
         with self._lock:
             self._clear_progress()
-            for part in str(text).splitlines() or [""]:
-                self.stream.write(f"{self._prefix(host)}{part}\n")
+            for part in parts:
+                self.stream.write(f"{prefix}{part}\n")
             self.stream.flush()
 
     def lines(self, host, lines):

@@ -13,6 +13,7 @@ The reference for a k is the record of the same method with the largest k at or 
 (else the smallest), capped at 1 + k, the most a step can yield.
 """
 from .hostside.specrules import MODEL_BASED, REFERENCES, RULES, LOG_RULES
+from .report import Block
 
 MIN_DRAFTS = 100
 BROKEN_POS0 = 0.3
@@ -72,20 +73,18 @@ def _r(x):
 
 
 def verdict_text(v):
-    """The end of the human spec line: the verdict and, when not healthy, the top finding's fix."""
+    """The end of the human spec line: the verdict and why (its likely causes follow it)."""
     if v["verdict"] is None:
         return f"verdict: none yet ({v['evidence']['why']})"
-    text = f"verdict: {v['verdict']} ({v['evidence']['why']})" if v["evidence"]["why"] \
+    return f"verdict: {v['verdict']} ({v['evidence']['why']})" if v["evidence"]["why"] \
         else f"verdict: {v['verdict']}"
-    if v["verdict"] != "healthy" and v["findings"]:
-        top = v["findings"][0]
-        text += f"; likely cause: {top['rule']}; fix: {top['fix']}"
-    return text
 
 
 def cause_lines(v):
-    """One line per finding listed as a likely cause (only when the verdict is not healthy)."""
+    """One Block per finding listed as a likely cause, most likely first, each with its fix
+    and source (only when the verdict is not healthy)."""
     if v["verdict"] in (None, "healthy"):
         return []
-    return [f"  cause {i}: {f['severity']} {f['rule']} ({f['evidence']}): {f['message']}"
+    return [Block(f"likely cause {i}: {f['severity']} {f['rule']} ({f['evidence']}): {f['message']}",
+                  (("fix", f.get("fix")), ("source", f.get("source"))), indent=2, hang=2)
             for i, f in enumerate(v["findings"], 1)]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from .errors import ExitCode
 from .fanout import HostResult
+from .report import Block, indented
 
 
 @dataclass
@@ -24,6 +25,7 @@ class Status:
     cluster_ok: bool = True
     why: str = None                                    # why a dead server ended (the cause)
     fix: str = None                                    # and what to do (tasks/failreport.py)
+    source: str = None                                 # the failure rule that said so
     supervisor_lines: list = field(default_factory=list)
 
     @property
@@ -98,7 +100,7 @@ def gather(host, profile, ddir):
         ex = explain_dead(host, profile, ddir, server, record["exit"])
         if ex:  # why it died: an engine crash can exit 0, so the log says more than the code
             record["fatal"] = ex.as_json()
-            out.why, out.fix = ex.cause, ex.fix
+            out.why, out.fix, out.source = ex.cause, ex.fix, ex.source_text()
         if record["supervisor"]["state"] == "gave-up":  # the crash loop first, then its line
             out.why = supervision.gave_up_why(record["supervisor"], st["supervisor"].get("reason"))
     return out
@@ -116,16 +118,14 @@ def render(status):
         between = (r.get("supervisor") or {}).get("state")
         if between in ("backoff", "waiting-for-gpu"):
             how = f"is down; the supervisor restarts it ({between})"
-        lines = [f"not running: release {r['release']} {how}"]
-        if status.why:
-            lines.append(f"  why: {status.why}")
-        if status.fix:
-            lines.append(f"  fix: {status.fix}")
+        # why it ended, and the fix, wrapped under the headline (tasks/report.py Block)
+        lines = [Block(f"not running: release {r['release']} {how}",
+                       (("why", status.why), ("fix", status.fix), ("source", status.source)))]
     else:
         lines = ["not deployed"]
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
-    lines += ["  " + t for t in status.metric_lines]
-    lines += ["  " + t for t in status.supervisor_lines]
+    lines += [indented(t, 2) for t in status.metric_lines]
+    lines += [indented(t, 2) for t in status.supervisor_lines]
     return lines + list(status.cluster_lines)
 
 
@@ -149,7 +149,7 @@ def status(c, opts):
     def op(host, reporter):
         st = gather(host, profile, ddir)
         lines = render(st)
-        head = 1 + bool(st.why) + bool(st.fix)
+        head = 1  # the headline (with why and fix) before --json's object, the rest after
         reporter.lines(host.name, lines[:head])
         if opts.json:
             reporter.emit_json(json_record(st))

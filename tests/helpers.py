@@ -9,6 +9,7 @@
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -59,6 +60,13 @@ def vllm_profile(lab, name, host, port, env=(), *, timeout=60, workdir=None, rea
               "[server.env]"] + [f'{k} = "{v}"' for k, v in dict(env).items()]
     lines += ["[ready]", f"timeout = {timeout}", "poll_interval = 0.2", *ready]
     return write_profile(lab, name, lines)
+
+
+def flat(text):
+    """Human output as one line of words: host prefixes dropped, every run of whitespace one
+    space. A finding is wrapped to the terminal (80 columns in a test: tasks/report.py Block);
+    what it says stays a substring of this whatever the width."""
+    return " ".join(" ".join(re.sub(r"^\[[^\]]+\] ", "", line) for line in text.splitlines()).split())
 
 
 def fab(lab, *args, profile, code=0, env=None, timeout=240):

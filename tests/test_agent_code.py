@@ -18,7 +18,7 @@ import pytest
 
 from tasks import agentpayload
 from tasks.agentclient import AgentError, AgentStartFailed, Host
-from tasks.agentpayload import BOOTSTRAP, HOSTSIDE, Payload
+from tasks.agentpayload import BOOTSTRAP_FILE, HOSTSIDE, Payload, bootstrap, minify
 from tasks.hostside.ops import OPS
 
 MARKER_CODE = "open(%r, 'w').write('ran')\n"
@@ -132,11 +132,104 @@ def test_no_writable_cache_runs_from_a_private_copy_then_removes_it(tmp_path, mo
 
 def test_code_that_does_not_match_its_hash_is_refused(cache):
     payload = Payload()
-    r = subprocess.run([sys.executable, "-c", BOOTSTRAP, "0" * 64], input=payload.line,
+    r = subprocess.run([sys.executable, "-c", bootstrap(), "0" * 64], input=payload.line,
                        capture_output=True, timeout=60)
     assert r.returncode == 1 and r.stdout == b'{"need": 1}\n'
     assert b"does not match its hash " + b"0" * 64 in r.stderr
     assert not (cache / "llmfab" / "agent" / ("0" * 32)).exists()
+
+
+# -- the first stage on its own: readable source, minified text -----------------------------
+
+def _first_stage(argv, cache_home, payload, digest=None):
+    """Run a first stage (`-c MINIFIED` or the readable file) with a real interpreter as the
+    client does: the files when it asks, then its hello, then stdin closed (the agent ends).
+    -> (exit status, [the JSON lines it wrote; the hello's result], stderr)."""
+    proc = subprocess.Popen([sys.executable, "-S", *argv, digest or payload.digest],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, XDG_CACHE_HOME=str(cache_home)))
+    out = []
+    for line in proc.stdout:
+        out.append(json.loads(line))
+        out[-1] = out[-1].get("result", out[-1])
+        if out[-1] != {"need": 1}:
+            break
+        proc.stdin.write(payload.line)
+        proc.stdin.flush()
+    proc.stdin.close()
+    out += [json.loads(line) for line in proc.stdout]
+    err = proc.stderr.read().decode()
+    proc.stdout.close()
+    proc.stderr.close()
+    return proc.wait(60), out, err
+
+
+@pytest.mark.parametrize("variant", ["minified", "readable"])
+def test_the_first_stage_installs_verifies_and_reuses_the_agent(tmp_path, variant):
+    argv = ["-c", bootstrap()] if variant == "minified" else [str(BOOTSTRAP_FILE)]
+    payload, cache_home = Payload(), tmp_path / "cache"
+    code, out, _ = _first_stage(argv, cache_home, payload)
+    vdir = cache_home / "llmfab" / "agent" / payload.digest[:32]
+    assert code == 0 and out[0] == {"need": 1}
+    assert (out[1]["code"], out[1]["agent_dir"]) == ("sent", str(vdir)), out
+    assert sorted(p.name for p in (vdir / "llmfab_host").glob("*.py")) == [n for n, _ in payload.files]
+    code, out, _ = _first_stage(argv, cache_home, payload)
+    assert code == 0 and [o.get("code") for o in out] == ["cached"]
+    code, out, err = _first_stage(argv, cache_home, payload, digest="1" * 64)
+    assert code == 1 and out == [{"need": 1}] and err.strip().endswith("does not match its hash " + "1" * 64)
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    code, out, _ = _first_stage(argv, blocked, payload)
+    assert code == 0 and out[1]["code"] == "temporary" and not os.path.exists(out[1]["agent_dir"])
+
+
+def _statements(source):
+    """The program's syntax tree without docstrings (what comments and layout never reach)."""
+    import ast
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def test_the_minified_first_stage_is_the_readable_one_without_comments():
+    text, readable = bootstrap(), BOOTSTRAP_FILE.read_text()
+    assert _statements(text) == _statements(readable)
+    assert "# " not in text and '"""' not in text and "\n\n" not in text
+    assert len(text) < len(readable) / 2
+
+
+SOURCE = '''"""A module docstring."""
+import os  # a comment
+X = 1 if True else 2
+def only_doc():
+    """Nothing but a docstring: the block keeps a body."""
+class K:
+    "a class docstring"
+    def m(self, a, *args, **kw):
+        return [a, -1, 0o22 and 'x', "#not a comment", b"%s\\0", len(args) + len(kw)]
+def joined(a,
+           b):
+    return a in'ab' and not b
+RESULT = (only_doc(), K().m(1, 2, k=3), joined("a", False), X)
+'''
+
+
+def test_minify_keeps_the_program_and_refuses_f_strings():
+    small = minify(SOURCE)
+
+    def run(text):
+        namespace = {}
+        exec(compile(text, "<minified>", "exec"), namespace)
+        return namespace["RESULT"]
+    assert run(small) == run(SOURCE) == (None, [1, -1, "x", "#not a comment", b"%s\0", 2], True, 1)
+    assert "docstring" not in small and "# a comment" not in small and " pass" in small
+    assert len(small.splitlines()) == 10 and small == minify(small)
+    with pytest.raises(ValueError, match="line 1 has an f-string"):
+        minify('x = f"{1}"\n')
 
 
 def test_a_missing_python_is_reported_as_a_start_failure():

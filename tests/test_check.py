@@ -16,7 +16,7 @@ from helpers import DRAFT, TARGET
 pytestmark = pytest.mark.e2e
 
 CONFIGS = REPO / "configs"
-LINE = re.compile(r"^\[h1\] (OK|WARN|FAIL) +(\S+) +(.*)$")
+LINE = re.compile(r"^\[h1\] (OK|WARN|FAIL) +(\S+) *(.*)$")
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +46,14 @@ def checks(stdout, *, exposure=False):
     """(status, check, message) per preflight line. The shipped base profile listens on
     0.0.0.0 without a key, so every check here warns about that; it is left out unless
     `exposure` (test_an_open_port_without_a_key_warns_with_both_fixes asserts it)."""
-    got = [m.groups() for m in map(LINE.match, stdout.splitlines()) if m]
+    got = []
+    for line in stdout.splitlines():
+        m = LINE.match(line)
+        if m:
+            got.append(list(m.groups()))
+        elif got and line.startswith("[h1]      "):  # a finding's further lines, fix and source
+            got[-1][2] += " " + line[len("[h1]"):].strip()
+    got = [tuple(c) for c in got]
     return got if exposure else [c for c in got if c[1] != "exposure"]
 
 
@@ -85,7 +92,8 @@ def test_seed_drafter_on_the_base_profile_warns_only_about_prefix_caching(lab):
     warn = [c for c in got if c[0] != "OK"][0][2]
     assert warn.startswith("DFlash on vLLM 0.33.0 with automatic prefix caching on "
                            "(server.args.enable-prefix-caching = true)")
-    assert "; fix: set enable-prefix-caching = false in [server.args]" in warn and "#47930" in warn
+    assert " fix: set enable-prefix-caching = false in [server.args]" in warn
+    assert " source: vllm-project/vllm issue #47930" in warn
     names = [c[1] for c in got]
     for check in ("python", "engine", "path", "config", "spec", "dflash", "context", "tp", "port", "gpu"):
         assert check in names, r.stdout
@@ -111,7 +119,7 @@ def test_broken_drafter_fails_naming_file_and_key_and_launches_nothing(lab):
     assert fails[0][2].startswith("/root/models/Broken-DFlash/config.json: "
                                   "dflash_config.mask_token_id = 248320 is not below the target's "
                                   "text_config.vocab_size = 248320 (/root/models/Qwen3.6-27B/config.json): "
-                                  "this drafter was made for another tokenizer; fix: "), r.stdout
+                                  "this drafter was made for another tokenizer fix: "), r.stdout
     assert "nothing was launched" in r.stdout
     assert not (lab.home("h1") / "llmfab" / "dflash-broken" / "releases").exists()
     # deploy runs the same preflight: it stops there too, before any release exists.

@@ -54,6 +54,14 @@ def test_every_key_the_loader_accepts_is_documented(monkeypatch):
         assert all(isinstance(k, Key) and k.type and k.default and k.meaning for k in known.values())
 
 
+def test_every_table_of_the_top_level_has_its_keys_documented():
+    # A new [table] is a top-level Key of type "table" and a keys.table(name, ...) of its own
+    # (the free-form [server.args] and [server.env] are described in [server]).
+    tables = [k.name for k in TABLES[""].values() if k.type == "table"]
+    assert tables and all(name in TABLES for name in tables), (tables, list(TABLES))
+    assert set(TABLES) - {""} <= set(tables), "a key table that no top-level key names"
+
+
 def _loaded_value(profile, table, key):
     if table == "":
         return None
@@ -137,6 +145,21 @@ def _markdown_files():
 def test_the_readme_is_a_front_door_at_most_15_kb():
     size = len((ROOT / "README.md").read_bytes())
     assert size <= README_LIMIT, f"README.md is {size} bytes; move detail into docs/"
+
+
+SETUP_COMMANDS = [
+    "python3 -m venv --upgrade-deps .venv && .venv/bin/pip install -q -e . && . .venv/bin/activate "
+    "&& fab deploy && fab status && fab bench && fab stop",
+    "bash .ci/run",
+]
+
+
+def test_the_readme_sets_up_with_exactly_the_two_commands():
+    # The demo on this machine, then the tests: on a stock Debian/Ubuntu Python in a virtualenv.
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    setup = text.split("## Set up", 1)[1].split("\n## ", 1)[0]
+    commands = [line[4:] for line in setup.splitlines() if line.startswith("    ")]
+    assert commands == SETUP_COMMANDS
 
 
 @pytest.mark.parametrize("page", _markdown_files(), ids=lambda p: p.relative_to(ROOT).as_posix())

@@ -2,14 +2,15 @@
 stand-in vLLM (or a real script) fails the way the real engine does, with its real text.
 
 Each: exit 1, the rule id in `--json`'s `fatal`, a fix with the numbers of the line, and
-the human message `error: server failed: <cause>` then `fix: <fix>`.
+the human message `error: server failed: <cause>` then `fix: <fix>` and `source:` on indented
+lines wrapped to the terminal.
 """
 import json
 import re
 import subprocess
 from pathlib import Path
 
-from helpers import TARGET, fab, write_profile
+from helpers import TARGET, fab, flat, write_profile
 
 NOGUARD = Path(__file__).with_name("servers") / "noguard_server.py"
 
@@ -36,8 +37,13 @@ def failed_deploy(lab, prof):
     assert len(records) == 1 and records[0]["ok"] is False, r.stdout
     fatal = records[0]["fatal"]
     assert set(fatal) == {"rule", "line", "cause", "fix"}, fatal
-    assert f"error: server failed: {fatal['cause']}" in r.stderr, r.stderr
-    assert f"fix: {fatal['fix']}" in r.stderr, r.stderr
+    human = flat(r.stderr)
+    assert f"error: server failed: {flat(fatal['cause'])} fix: {flat(fatal['fix'])} " \
+           f"source: failure rule {fatal['rule']}" in human, r.stderr
+    # wrapped to 80 columns (stderr is not a terminal here); the log lines under it are not
+    firsts = [line for line in r.stderr.splitlines()
+              if re.match(r"\[h\d\] (error: server failed|  fix: |  source: )", line)]
+    assert len(firsts) == 3 and all(len(line) <= 80 for line in firsts), r.stderr
     return fatal, r.stderr
 
 
@@ -51,7 +57,7 @@ def test_max_model_len_above_the_models_gives_the_models_number_and_status_says_
     st = fab(lab, "status", "--json", profile=prof, code=1)
     record = json.loads(st.stdout.splitlines()[0])
     assert record["running"] is False and record["fatal"]["rule"] == "max-model-len-too-long"
-    assert "  fix: set `max-model-len = 262144`" in st.stderr, st.stderr
+    assert "  fix: set `max-model-len = 262144`" in st.stderr, st.stderr  # the fix's first line
 
 
 def test_kv_cache_too_small_gives_the_estimated_length_of_the_line(lab):

@@ -187,6 +187,7 @@ def test_engine_death_after_ready_status_says_dead_and_why(lab):
     human = fab(lab, "status", profile=prof, code=1).stdout
     assert f"not running: release {server['release']} exited with status 0" in human, human
     assert "why: the engine process died" in human and "  fix: " in human, human
+    assert "  source: failure rule engine-dead" in human, human
 
 
 # -- Ctrl-C during the wait ------------------------------------------------------------------

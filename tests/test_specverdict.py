@@ -37,16 +37,23 @@ def test_reference_per_k():
     assert specverdict.reference("suffix", 4) == (None, None)
 
 
-def test_causes_most_likely_first_and_the_text_ends_with_the_fix():
-    found = [{"rule": r, "severity": s, "fix": f"fix {r}", "message": "m", "evidence": "version"}
+def test_causes_most_likely_first_each_with_its_fix_and_source():
+    found = [{"rule": r, "severity": s, "fix": f"fix {r}", "message": "m", "evidence": "version",
+              "source": f"source of {r}"}
              for r, s in (("vllm-dflash-prefix-caching", "WARN"), ("vllm-dflash-layer-offset", "WARN"),
                           ("vllm-dflash-swa-ignored", "FAIL"))]
     v = specverdict.verdict(spec(0.011, 15), "dflash", 15, found)
     assert [f["rule"] for f in v["findings"]] == ["vllm-dflash-swa-ignored", "vllm-dflash-layer-offset",
                                                    "vllm-dflash-prefix-caching"]
     text = specverdict.verdict_text(v)
-    assert text.startswith("verdict: broken") and text.endswith("fix: fix vllm-dflash-swa-ignored")
-    assert len(specverdict.cause_lines(v)) == 3
+    assert text.startswith("verdict: broken (position-0 acceptance") and text.endswith(")")
+    causes = specverdict.cause_lines(v)
+    assert [c.headline for c in causes] == [
+        "likely cause 1: FAIL vllm-dflash-swa-ignored (version): m",
+        "likely cause 2: WARN vllm-dflash-layer-offset (version): m",
+        "likely cause 3: WARN vllm-dflash-prefix-caching (version): m"]
+    assert causes[0].notes == (("fix", "fix vllm-dflash-swa-ignored"),
+                               ("source", "source of vllm-dflash-swa-ignored"))
     ok = specverdict.verdict(spec(0.62, 15), "dflash", 15, found)
     assert "fix" not in specverdict.verdict_text(ok) and specverdict.cause_lines(ok) == []
 

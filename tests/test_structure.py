@@ -15,6 +15,7 @@ from tasks import options
 from tasks.errors import ExitCode, UsageError
 from tasks.profile import load_profile
 from tasks.profile.serverargs import ServerArgs
+from tasks.report import wrap_block
 from tasks.status import Status, render, verdict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -186,7 +187,8 @@ def test_status_renders_a_running_server_and_its_verdict_without_a_host():
 def test_status_renders_a_dead_server_with_why():
     st = Status(record(running=False, exit={"returncode": 0, "ended_at": "2026-01-01T00:00:09+00:00"},
                        gpus=None), why="engine died: EngineDeadError")
-    assert render(st) == ["not running: release 20260101T000000Z exited with status 0 at "
-                          "2026-01-01T00:00:09+00:00", "  why: engine died: EngineDeadError"]
+    assert wrap_block(render(st)[0], 1000) == [
+        "not running: release 20260101T000000Z exited with status 0 at 2026-01-01T00:00:09+00:00",
+        "  why: engine died: EngineDeadError"]
     assert verdict(st).summary == "not running"
     assert render(Status(record(running=False, deployed=False, gpus=None))) == ["not deployed"]

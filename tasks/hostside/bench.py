@@ -134,10 +134,12 @@ def one_request(url, body, headers, timeout):
     return sample
 
 
-def _request_for(item, model, max_tokens):
-    """(path, body) for one prompt item: {"prompt": ...} or {"messages": [...]}."""
+def _request_for(item, model, max_tokens, sampling=None):
+    """(path, body) for one prompt item: {"prompt": ...} or {"messages": [...]}; `sampling`:
+    extra fields (temperature, seed) every request carries."""
     body = {"model": model, "max_tokens": max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
+    body.update(sampling or {})
     if "messages" in item:
         body["messages"] = item["messages"]
         return "/v1/chat/completions", body
@@ -170,7 +172,7 @@ def op_bench(req):
     base = "http://%s:%d" % (host, port)
 
     def run(i):
-        path, body = _request_for(prompts[i % len(prompts)], model, max_tokens)
+        path, body = _request_for(prompts[i % len(prompts)], model, max_tokens, req.get("sampling"))
         return one_request(base + path, body, headers, timeout)
 
     warm = run(0)

@@ -19,6 +19,8 @@ OPS = {
     "unlock": OpInfo("lock", "op_unlock", "release the deployment's lock"),
     "preflight": OpInfo("preflight", "op_preflight", "the host's checks before a launch: Python, engine, paths, "
                                                      "models, port, GPUs"),
+    "host_facts": OpInfo("preflight", "op_host_facts", "engine version and GPU names: are two hosts "
+                                                       "alike (fab tune)"),
     "new_release": OpInfo("releases", "op_new_release", "create releases/<UTC stamp> and return its path"),
     "discard_release": OpInfo("releases", "op_discard_release", "remove a release that never launched"),
     "mark_failed": OpInfo("releases", "op_mark_failed", "record in a release that it failed to start"),

@@ -6,10 +6,8 @@ Each check is {check, status: OK | WARN | FAIL, message}. A FAIL stops the deplo
 import os
 import sys
 
-from . import gpu, modelcheck, probe
-from .common import group_members, site_packages, which
-
-ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
+from . import engineid, gpu, modelcheck, probe
+from .common import group_members, which
 MIN_DISK_FREE_MIB = 16  # below this a release, let alone its log, may not fit
 
 
@@ -25,19 +23,17 @@ def check_python():
 
 
 def check_engine(engine, argv0=None):
-    if engine in ENGINE_PACKAGES:
-        pkg = ENGINE_PACKAGES[engine]
-        site_packages()
+    """The engine's import package and the distribution providing it (engineid.py): the record
+    carries them as `engine` ({package, distribution, version}), from which the client picks
+    the entry point it launches (tasks/argv.py)."""
+    info = engineid.identify(engine)
+    if info is not None:
         import importlib.util
-        import importlib.metadata as md
-        if importlib.util.find_spec(pkg) is None:
+        if importlib.util.find_spec(info["package"]) is None:
             return _rec("engine", "FAIL", "%s is not importable by %s: install it into that "
-                        "environment or point server.python at the one that has it" % (pkg, sys.executable))
-        try:
-            version = md.version(pkg)
-        except md.PackageNotFoundError:
-            version = "unknown version (no package metadata)"
-        return _rec("engine", "OK", "%s %s" % (pkg, version))
+                        "environment or point server.python at the one that has it"
+                        % (info["package"], sys.executable))
+        return dict(_rec("engine", "OK", engineid.describe(info)), engine=info)
     if argv0 is None:
         return _rec("engine", "OK", "command")
     found = argv0 if os.path.isabs(argv0) else which(argv0)
@@ -138,3 +134,11 @@ def run(req):
 
 def op_preflight(req):
     return {"checks": run(req)}
+
+
+def op_host_facts(req):
+    """What makes two hosts alike for a sweep (`fab tune`): the engine and its version (as
+    the preflight reads it), and the GPUs' names (None: no nvidia-smi)."""
+    gpus = gpu.read_gpus(req.get("nvidia_smi") or "nvidia-smi")
+    return {"engine": check_engine(req["engine"], req.get("argv0"))["message"],
+            "gpus": None if gpus is None else [g["name"] for g in gpus]}

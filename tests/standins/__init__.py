@@ -30,7 +30,7 @@ __all__ = ["build_ml_env", "fake_model_dir", "NVIDIA_SMI", "VLLM_VERSION", "SGLA
 
 
 def _dist_info(site, name, version, top_level, entry_points=""):
-    info = site / ("%s-%s.dist-info" % (name.replace("-", "_"), version))  # as wheels name it
+    info = site / ("%s-%s.dist-info" % (name.replace("-", "_"), version))
     info.mkdir()
     (info / "METADATA").write_text(
         "Metadata-Version: 2.1\nName: %s\nVersion: %s\n"
@@ -44,15 +44,15 @@ def _dist_info(site, name, version, top_level, entry_points=""):
     (info / "RECORD").write_text("".join("%s,,\n" % f for f in files) + "%s/RECORD,,\n" % info.name)
 
 
-def build_ml_env(dest, *, python=SYSTEM_PYTHON, vllm_version=VLLM_VERSION, distribution="vllm"):
+def build_ml_env(dest, *, python=SYSTEM_PYTHON, vllm_version=VLLM_VERSION, vllm_dist="vllm"):
     """Create the stand-in engine venv at `dest` (idempotent); returns its python path.
 
     `vllm_version` is the stand-in vLLM's version (package metadata and vllm.__version__);
     its speculative decoding behaves like that real version's (tests/standins/specversions.py),
-    so several envs side by side stand for several vLLM releases. `distribution` names the
-    distribution that installs the `vllm` package: "vllm-cpu" makes it the CPU build (no GPU;
-    VLLM_CPU_KVCACHE_SPACE sizes its KV cache; its `vllm` script fails on its own version
-    lookup), as the real vllm-cpu 0.32.0 of the lab behaves.
+    so several envs side by side stand for several vLLM releases. `vllm_dist` names the
+    distribution that installs the `vllm` package: "vllm-cpu" stands for that CPU build, whose
+    `vllm` CLI fails on its own version lookup as the real one does, which needs no GPU and
+    sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (vllm/platforms in the stand-in).
 
     The venv uses the system interpreter (no pip, quick to make). Built in a temporary
     directory and renamed into place, so a half-built env is never seen.
@@ -82,7 +82,7 @@ def build_ml_env(dest, *, python=SYSTEM_PYTHON, vllm_version=VLLM_VERSION, distr
     shutil.copy2(HERE / "nvidia_smi.py", helper / "nvidia_smi.py")
     shutil.copy2(HERE / "engine.py", helper / "engine.py")
     shutil.copy2(HERE / "specversions.py", helper / "specversions.py")
-    _dist_info(site, distribution, vllm_version, "vllm",
+    _dist_info(site, vllm_dist, vllm_version, "vllm",
                "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n")
     _dist_info(site, "sglang", SGLANG_VERSION, "sglang")
     script = tmp / "bin" / "vllm"

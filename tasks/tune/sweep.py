@@ -1,0 +1,213 @@
+"""Running a sweep: the hosts share the variants, one variant at a time on each host.
+
+Each host takes the next variant from one queue and, on its own connection (which holds
+the deployment's lock all along), measures it:
+
+1. deploy it exactly as `fab deploy` does (tasks/deploy.py deploy_host: lock, preflight and
+   the doctor's rules, a new release, launch, wait until ready). A preflight FAIL skips the
+   variant with its finding; a server that fails to start is recorded with its `fatal`
+   explanation (the wait already stopped it); the sweep goes on either way.
+2. bench it exactly as `fab bench` does (tasks/bench.py measure_once: one warm-up request,
+   the measured window, /metrics before and after, the doctor's verdict over the window),
+   at each concurrency, `repeat` times, the same seeded prompts every time;
+3. stop it (tasks/stop.py, GPU memory back to its baseline).
+
+So H alike hosts take about 1/H of the time. Ctrl-C sets `cancel`: every host call made
+after it raises Cancelled (a BaseException, so no clean-up path in between runs: the task
+body restores what ran before on fresh connections, ending these agents).
+"""
+import threading
+import time
+
+from ..agentclient import ConnectionLost, Host
+from ..errors import HostUnreachable, LlmfabError, OperationFailed, PreflightFailed
+from . import results
+
+
+class Cancelled(BaseException):
+    """Ctrl-C: this host's worker must do nothing more."""
+
+
+class SweepHost(Host):
+    """A Host whose every request first checks the sweep's cancel event."""
+
+    def __init__(self, name, cancel, **kw):
+        super().__init__(name, **kw)
+        self.cancel = cancel
+
+    def _check(self):
+        if self.cancel.is_set():
+            raise Cancelled()
+
+    def start(self):
+        self._check()
+        return super().start()
+
+    def call(self, op, timeout=None, **kw):
+        self._check()
+        return super().call(op, timeout=timeout, **kw)
+
+    def put(self, data, path, mode=0o644):
+        self._check()
+        return super().put(data, path, mode)
+
+
+class Workload:
+    """What every variant is measured with: concurrencies, requests, max_tokens, repeat, and
+    the seeded prompts (tasks/workload.py), sent greedy (temperature 0) so each variant
+    generates the same text and acceptance compares like with like."""
+
+    def __init__(self, concurrency, requests, max_tokens, repeat, prompts):
+        self.concurrency, self.requests, self.max_tokens = concurrency, requests, max_tokens
+        self.repeat, self.prompts = repeat, prompts
+
+    def request(self, c):
+        return {"requests": self.requests, "concurrency": c, "max_tokens": self.max_tokens,
+                "sampling": {"temperature": 0.0}}
+
+
+class Sweep:
+    """The queue, the progress, and the records as they come (appended to results.jsonl)."""
+
+    def __init__(self, todo, total, workload, *, results_path, log, progress, cancel, host_kwargs):
+        self.todo = list(todo)           # [(variant, [concurrency, ...])]
+        self.total = total               # variants in the whole sweep (the "of N")
+        self.workload = workload
+        self.results_path = results_path
+        self.log = log                   # Reporter into the sweep's log file: every detail
+        self.progress = progress         # callable(host, phase, text) for the terminal
+        self.cancel = cancel
+        self.host_kwargs = host_kwargs
+        self.records = []
+        self.hosts = {}                  # name -> SweepHost
+        self.agents = {}                 # name -> the agent pid of its worker's connection
+        self.lost = {}                   # name -> why the host was given up
+        self.durations = []              # seconds per variant done
+        self.started = time.monotonic()
+        self._lock = threading.Lock()
+        self._done_count = total - len(self.todo)
+
+    # -- the queue -------------------------------------------------------------------------
+    def _next(self):
+        with self._lock:
+            return self.todo.pop(0) if self.todo else None
+
+    def _record(self, recs):
+        import json
+        with self._lock:
+            self.records += recs
+            with open(self.results_path, "a", encoding="utf-8") as f:
+                for r in recs:
+                    f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+    def time_left(self):
+        """Seconds left, from the mean time per variant so far and the hosts at work."""
+        with self._lock:
+            if not self.durations:
+                return None
+            left = len(self.todo) + sum(1 for _ in self.hosts) - len(self.lost)
+            per = sum(self.durations) / len(self.durations)
+            workers = max(1, len(self.hosts) - len(self.lost))
+        return max(0.0, per * left / workers)
+
+    def say(self, host, variant, phase):
+        elapsed = time.monotonic() - self.started
+        left = self.time_left()
+        text = (f"variant {variant.index} of {self.total} ({variant.name}): {phase}, "
+                f"elapsed {clock(elapsed)}" + (f", about {clock(left)} left" if left is not None
+                                               else ""))
+        self.log.line(host, text)
+        self.progress(host, f"{variant.index}:{phase.split(' ')[0]}", text)
+
+    # -- one host --------------------------------------------------------------------------
+    def run_host(self, name):
+        host = SweepHost(name, self.cancel, **self.host_kwargs)
+        self.hosts[name] = host
+        try:
+            hello = host.start()
+            self.agents[name] = hello.get("pid")
+            while True:
+                item = self._next()
+                if item is None:
+                    return
+                t0 = time.monotonic()
+                try:
+                    self._record(self.measure(host, *item))
+                except (HostUnreachable, ConnectionLost) as e:
+                    with self._lock:
+                        self.todo.insert(0, item)  # another host takes it
+                    raise e
+                with self._lock:
+                    self.durations.append(time.monotonic() - t0)
+        except Cancelled:
+            return
+        except LlmfabError as e:
+            self.lost[name] = e.message.splitlines()[0]
+            self.log.line(name, f"error: {e.message}")
+            self.progress(name, "lost", f"host given up: {self.lost[name]}")
+        finally:
+            if not self.cancel.is_set():  # Ctrl-C: the put-back ends this agent itself
+                host.close()
+
+    def measure(self, host, variant, concurrencies):
+        """The records of one variant on one host (tasks/tune/results.py)."""
+        from ..bench import measure_once
+        from ..deploy import deploy_host
+        from ..options import DeployOptions
+        from ..preflight import deploy_dir
+        from ..stop import stop_deployment
+        profile, name, log = variant.profile, host.name, self.log
+        ddir = deploy_dir(profile)
+
+        def skipped(status, why, release=None):
+            return [results.not_measured(variant.name, variant.settings, name, release, c,
+                                         status, why) for c in concurrencies]
+        self.say(name, variant, "deploy")
+        opts = DeployOptions(stop_on_timeout=True)
+        try:
+            res = deploy_host(host, profile, opts, log)
+        except (HostUnreachable, ConnectionLost):
+            raise
+        except PreflightFailed as e:
+            fails = [c for c in getattr(e, "checks", []) if c["status"] == "FAIL"]
+            first = fails[0] if fails else {"check": "preflight", "message": e.message}
+            finding = first.get("finding") or {"rule": first["check"], "message": first["message"]}
+            self.say(name, variant, f"skipped: preflight FAIL: {finding.get('rule')}")
+            return skipped("skipped", {"finding": finding})
+        except OperationFailed as e:
+            fatal = getattr(e, "fatal", None)
+            release = (getattr(e, "server", None) or {}).get("release")
+            self.say(name, variant, "failed to start" + (f": {fatal['rule']}" if fatal else ""))
+            why = {"fatal": fatal} if fatal else {"error": e.message.splitlines()[0]}
+            return skipped("failed", why, release)
+        release = res.data["release"]
+        out = []
+        try:
+            state = host.call("state", deploy_dir=ddir)
+            server = state.get("server") or {}
+            port = server.get("port") or profile.server.port
+            for c in concurrencies:
+                runs = []
+                for n in range(self.workload.repeat):
+                    self.say(name, variant, f"bench concurrency {c}, run {n + 1} of "
+                                            f"{self.workload.repeat}")
+                    rec, _raw = measure_once(host, profile, log, port, self.workload.prompts,
+                                             self.workload.request(c), server, ddir)
+                    rec.pop("_verdict_lines", None)
+                    runs.append(rec)
+                out.append(results.measured(variant.name, variant.settings, name, release, c, runs))
+        except (HostUnreachable, ConnectionLost):
+            raise
+        except OperationFailed as e:
+            self.say(name, variant, "bench failed")
+            done = {r["concurrency"] for r in out}
+            out += [r for r in skipped("failed", {"error": e.message.splitlines()[0]}, release)
+                    if r["concurrency"] not in done]
+        self.say(name, variant, "stop")
+        stop_deployment(host, ddir, log)
+        return out
+
+
+def clock(seconds):
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

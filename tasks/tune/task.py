@@ -1,0 +1,242 @@
+"""Body of `fab tune`: validate everything, survey the hosts, sweep, decide, write, put back.
+
+Order matters for the exit codes: flags, the profile and every variant are checked first
+(exit 2, no host touched); then each host is read once (3 if one cannot be reached, 2 if
+they are not alike); only then does anything change on a host. The sweep's files go to
+DIR as they come (results.jsonl appended per variant, so Ctrl-C loses nothing measured);
+report.html and `<stem>.tuned.toml` are written at the end. Exit 0 with a winner or a tie,
+1 when no variant could be measured, 3 when hosts were lost with variants left.
+"""
+import datetime
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from ..errors import ExitCode, HostUnreachable, Interrupted, LlmfabError, TaskFailed, UsageError
+from . import results
+
+PLAN = "plan.json"
+RESULTS = "results.jsonl"
+LOG = "sweep.log"
+# What must be the same to resume a sweep: the variants and the workload.
+PLAN_KEYS = ("profile", "vary", "profiles", "baseline", "concurrency", "requests", "input_len",
+             "max_tokens", "repeat", "seed")
+
+
+def _plan(opts, base):
+    return {"profile": str(base.path), "vary": [[k, list(v)] for k, v in opts.vary],
+            "profiles": [str(Path(p).resolve()) for p in opts.profiles],
+            "baseline": opts.baseline, "concurrency": list(opts.concurrency),
+            "requests": opts.requests, "input_len": opts.input_len,
+            "max_tokens": opts.max_tokens, "repeat": opts.repeat, "seed": opts.seed}
+
+
+def _out_dir(opts, base):
+    if opts.resume:
+        out = Path(opts.resume)
+        if not (out / PLAN).is_file():
+            raise UsageError(f"--resume {out}: no {PLAN} there (is it a `fab tune` result "
+                             "directory?)")
+        return out, False
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    out = Path(opts.out or f"tune-{base.target.name}-{stamp}")
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out} exists and is not empty: choose another directory, or "
+                         f"continue that sweep with --resume {out}")
+    return out, True
+
+
+def _check_resume(out, plan):
+    saved = json.loads((out / PLAN).read_text())
+    diff = [k for k in PLAN_KEYS if saved.get(k) != plan.get(k)]
+    if diff:
+        raise UsageError(f"--resume {out}: that sweep was made with other settings ("
+                         + ", ".join(f"{k}: {saved.get(k)!r} there, {plan.get(k)!r} now"
+                                     for k in diff)
+                         + "); give the same flags, or start a new sweep with --out")
+
+
+def tune(c, opts):
+    """Body of `fab tune` (opts: tasks.options.TuneOptions)."""
+    from ..runner import load
+    from .variants import build
+    base = load(c, opts.profile)
+    if base.cluster is not None:
+        raise UsageError(f"{base.path}: fab tune does not sweep [cluster] profiles (nothing was done)")
+    concurrency = opts.concurrency
+    objective = results.parse_objective(opts.objective) if opts.objective \
+        else ("tokens_per_s", max(concurrency))
+    if objective[1] not in concurrency:
+        raise UsageError(f"--objective {opts.objective}: concurrency {objective[1]} is not "
+                         f"measured (--concurrency {','.join(map(str, concurrency))})")
+    out, fresh = _out_dir(opts, base)
+    plan = _plan(opts, base)
+    if not fresh:
+        _check_resume(out, plan)
+    made = fresh and not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        variants = build(base, vary=opts.vary, profiles=opts.profiles, baseline=opts.baseline,
+                         out=out)
+    except LlmfabError:
+        if made:
+            import shutil
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    (out / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+    Sweeper(c, opts, base, variants, out, objective).run()
+
+
+class Sweeper:
+    def __init__(self, c, opts, base, variants, out, objective):
+        from ..report import Reporter
+        from ..runner import host_kwargs, hosts_for
+        self.c, self.opts, self.base, self.variants = c, opts, base, variants
+        self.out, self.objective = out, objective
+        self.hosts = hosts_for(c, base)
+        self.kw = host_kwargs(c, base, opts)
+        self.term = Reporter(self.hosts, json_mode=opts.json)
+        self._logf = open(out / LOG, "a", encoding="utf-8")
+        self.log = Reporter(self.hosts, stream=self._logf)
+
+    # -- phases ----------------------------------------------------------------------------
+    def survey(self):
+        """{host: release running now or None}; exit 3 / 2 before anything changes."""
+        from ..fanout import run_all
+        from ..preflight import deploy_dir
+        from .hosts import check_alike, survey_op
+        res = run_all(self.hosts, survey_op(self.base, deploy_dir(self.base)),
+                      parallel=self.opts.parallel, reporter=self.term, host_kwargs=self.kw)
+        bad = [r for r in res if r.code]
+        if bad:
+            code = max(int(r.code) for r in bad)
+            if code == ExitCode.UNREACHABLE:
+                raise HostUnreachable(f"cannot reach {', '.join(r.host for r in bad)}; nothing "
+                                      "was done on any host")
+            raise TaskFailed(code)
+        check_alike({r.host: r.data["facts"] for r in res})
+        from .hosts import describe
+        self.term.line("", f"tune: {len(self.variants)} variants on {len(self.hosts)} host(s) "
+                           f"({describe(res[0].data['facts'])}); results in {self.out}/")
+        return {r.host: r.data["running"] for r in res}
+
+    def run(self):
+        from .. import workload
+        from .sweep import Sweep, Workload
+        o = self.opts
+        before = self.survey()
+        path = self.out / RESULTS
+        old = results.read(path)
+        todo = results.missing(self.variants, o.concurrency, old)
+        if old:
+            self.term.line("", f"tune: resuming: {len(self.variants) - len(todo)} of "
+                               f"{len(self.variants)} variants already measured")
+        wl = Workload(o.concurrency, o.requests, o.max_tokens, o.repeat,
+                      workload.prompts(seed=o.seed, count=o.requests + 1, input_len=o.input_len))
+        cancel = threading.Event()
+        sweep = Sweep(todo, len(self.variants), wl, results_path=path, log=self.log,
+                      progress=self.term.progress, cancel=cancel, host_kwargs=self.kw)
+        t0 = time.monotonic()
+        threads = [threading.Thread(target=sweep.run_host, args=(h,),
+                                    daemon=True, name=f"tune-{h}") for h in self.hosts]
+        try:
+            for t in threads:
+                t.start()
+            for t in threads:
+                while t.is_alive():
+                    t.join(0.2)
+        except KeyboardInterrupt:
+            cancel.set()
+            self.term.line("", "Ctrl-C: the sweep stops here; putting back what ran before")
+            self.put_back(before, keep="previous", stale=sweep.agents)
+            self.term.line("", f"interrupted: what was measured is in {path} (continue with "
+                               f"--resume {self.out})")
+            raise Interrupted() from None
+        records = old + sweep.records
+        self.finish(records, before, sweep, time.monotonic() - t0)
+
+    def finish(self, records, before, sweep, seconds):
+        from ..profile import load_profile
+        from .variants import tuned_text
+        o = self.opts
+        decision = results.decide(records, self.objective)
+        headers, rows = results.table(records, self.variants, o.concurrency, self.objective,
+                                      decision)
+        tuned = None
+        if decision["winner"]:
+            winner = next(v for v in self.variants if v.name == decision["winner"])
+            tpath = self.out / f"{self.base.path.stem}.tuned.toml"
+            tpath.write_text(tuned_text(self.base, winner, decision["why"], self.out))
+            tuned = load_profile(tpath)
+        self.write_report(records, decision, headers, rows)
+        self.term.line("")
+        self.term.table(headers, rows)
+        self.term.line("")
+        self.term.line("", ("" if decision["tie"] else "winner: " if decision["winner"]
+                            else "no winner: ") + decision["why"])
+        if tuned is not None:
+            self.term.line("", f"tuned profile: {tuned.path} (fab deploy --profile {tuned.path})")
+        self.term.line("", f"report: {self.out / 'report.html'}; results: "
+                           f"{self.out / RESULTS}; sweep took {seconds:.0f} s")
+        self.put_back(before, keep=o.keep if tuned is not None else "previous", tuned=tuned)
+        if o.json:
+            for r in results.latest(records):
+                self.term.emit_json(r)
+            self.term.emit_json({"winner": decision["winner"], "tie": decision["tie"],
+                                 "second": decision["second"], "objective": decision["objective"],
+                                 "why": decision["why"], "excluded": decision["excluded"],
+                                 "tuned_profile": str(tuned.path) if tuned else None,
+                                 "report": str(self.out / "report.html")})
+        self._logf.close()
+        left = results.missing(self.variants, o.concurrency, records)
+        if sweep.lost and left:
+            raise HostUnreachable("host(s) lost during the sweep ("
+                                  + "; ".join(f"{h}: {w}" for h, w in sweep.lost.items())
+                                  + f"); {len(left)} variant(s) not measured: continue with "
+                                    f"--resume {self.out}")
+        if not decision["winner"]:
+            raise TaskFailed(ExitCode.FAILED)
+
+    def write_report(self, records, decision, headers, rows):
+        from .htmlreport import render
+        o = self.opts
+        meta = [("profile", self.base.path.name), ("hosts", ", ".join(self.hosts)),
+                ("concurrency", ",".join(map(str, o.concurrency))), ("requests", o.requests),
+                ("max tokens", o.max_tokens), ("repeat", o.repeat), ("seed", o.seed),
+                ("written", datetime.datetime.now(datetime.timezone.utc).strftime(
+                    "%Y-%m-%d %H:%M UTC"))]
+        html = render(title=f"fab tune: {self.base.target.name}", records=records,
+                      variants=self.variants, concurrencies=o.concurrency,
+                      objective=self.objective, decision=decision, headers=headers, rows=rows,
+                      meta=meta)
+        tmp = self.out / "report.html.tmp"
+        tmp.write_text(html, encoding="utf-8")
+        os.replace(tmp, self.out / "report.html")
+
+    def put_back(self, before, *, keep, tuned=None, stale=None):
+        """Every host back to what ran before (or the winner), in parallel, fresh connections."""
+        from ..agentclient import Host
+        from ..fanout import report_error
+        from .hosts import put_back
+
+        def one(name):
+            host = Host(name, **self.kw)
+            try:
+                what = put_back(host, self.base, before.get(name), self.log, keep=keep,
+                                tuned=tuned, stale_agent=(stale or {}).get(name))
+                self.term.line(name, f"tune: {what}")
+            except LlmfabError as e:
+                report_error(self.term, name, e)
+                self.term.line(name, "tune: could not put back what ran before; see "
+                                     f"{self.out / LOG} and `fab status`")
+            finally:
+                host.close()
+        threads = [threading.Thread(target=one, args=(h,), daemon=True) for h in self.hosts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        sys.stdout.flush()
