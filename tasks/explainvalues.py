@@ -97,6 +97,52 @@ def worker_fix(v, r):
                       fab_tail=_fab(r, "tail-log"), signal=_signal(v))
 
 
+# Torch extension packages pip brings beside torch; a text model needs none of them.
+TORCH_EXTENSIONS = ("torchvision", "torchaudio", "torchcodec")
+
+
+def _packages(v, r):
+    """The host's reading of the package and of torch ({} when it cannot be read)."""
+    if "_packages" not in r.cache:
+        got = {}
+        if r.packages is not None:
+            try:
+                got = r.packages([v.get("package") or "torchvision"]) or {}
+            except Exception:  # a reading that fails must not hide the failure itself
+                got = {}
+        r.cache["_packages"] = got
+    return r.cache["_packages"]
+
+
+def package(v, r):
+    return "a torch extension package (torchvision, torchaudio or torchcodec)"
+
+
+def torch_have(v, r):
+    torch = _packages(v, r).get("torch")
+    return f" ({torch['version']})" if torch else ""
+
+
+def torch_wanted(v, r):
+    pkg = _packages(v, r).get(v.get("package"))
+    if pkg and pkg.get("torch"):
+        return f": {v['package']} {pkg['version']} needs torch {pkg['torch']}"
+    return ""
+
+
+def torch_package_fix(v, r):
+    name = v.get("package")
+    python = getattr(getattr(r.profile, "server", None), "interpreter", None) or "the server's python"
+    others = " ".join(p for p in TORCH_EXTENSIONS)
+    pkg = _packages(v, r).get(name) if name else None
+    torch = _packages(v, r).get("torch")
+    need = (f"{name} {pkg['version']} needs torch {pkg['torch']}" if pkg and pkg.get("torch") else
+            f"{name} needs another torch" if name else "it needs another torch")
+    have = f"this environment has torch {torch['version']}" if torch else "not this environment's"
+    return (f"{need}, {have}: remove it (`{python} -m pip uninstall -y {others}`; a text model needs "
+            f"none of them), or install the {name or 'package'} build made for this torch")
+
+
 # What to turn down when the GPU ran out of memory, by engine ({util} is the current value).
 MEMORY_KNOBS = {
     "vllm": "lower `gpu-memory-utilization` (now {util}) or `max-num-seqs`, use more GPUs "
@@ -281,7 +327,8 @@ VALUES = {
     "port": port, "zmq_note": zmq_note, "port_fix": port_fix,
     "repo": repo, "hf_token_fix": hf_token_fix, "script": script, "model_fix": model_fix,
     "kv_memory_more": kv_memory_more, "no_kv_fix": no_kv_fix, "signal_name": signal_name,
-    "signal_meaning": signal_meaning, "worker_fix": worker_fix,
+    "signal_meaning": signal_meaning, "worker_fix": worker_fix, "package": package,
+    "torch_have": torch_have, "torch_wanted": torch_wanted, "torch_package_fix": torch_package_fix,
     "profile_model": lambda v, r: getattr(getattr(r.profile, "server", None), "model", None),
     "model": lambda v, r: getattr(getattr(r.profile, "server", None), "model", None),
     "fab_dry": lambda v, r: _fab(r, "kill-gpu-procs --dry-run"),

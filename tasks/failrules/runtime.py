@@ -41,6 +41,21 @@ RULES = (
          Pattern(PROG + r"(?P<message>.+)$",
                  "CPython 3.x Lib/argparse.py ArgumentParser.error ('%(prog)s: error: %(message)s', exit 2)"))),
     Rule(
+        "torch-package-mismatch", "a torch extension package built for another torch", 87,
+        "{package} cannot load against this environment's torch{torch_have}: it was built for "
+        "another one{torch_wanted}",
+        "{torch_package_fix}",
+        (Pattern(r"operator (?P<package>torchvision|torchaudio|torchcodec)::\w+ does not exist",
+                 "torchvision 0.1x-0.2x torchvision/_meta_registrations.py (its C++ operators never "
+                 "registered: the extension failed to load); seen in vLLM 0.32.0 (CPU build) with "
+                 "PyPI's CUDA torchvision 0.28.0 beside torch 2.13.0+cpu, imported by transformers"),
+         Pattern(r"Could not load this library: \S*/(?P<package>torchaudio|torchvision|torchcodec)/\S+\.so",
+                 "torchaudio 2.x torchaudio/_extension/utils.py (after torchvision was removed, in the "
+                 "same install)"),
+         Pattern(r"(?P<lib>lib(?:c10|torch)_cuda\.so): cannot open shared object file",
+                 "the dynamic loader's error for a CUDA build of an extension package beside a CPU "
+                 "torch (e.g. torchvision's _C.so or image.so needs libc10_cuda.so)"))),
+    Rule(
         "cuda-oom", "CUDA out of memory", 70,
         "the GPU ran out of memory{alloc_text}",
         "{memory_knobs}, or free the GPU of other processes (`{fab_dry}`)",
