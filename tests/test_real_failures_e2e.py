@@ -14,7 +14,7 @@ import pytest
 
 import realengine
 from helpers import fab, write_profile
-from lab import HostLab
+from lab import HostLab, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
@@ -32,7 +32,7 @@ def lab(real_vllm):
         yield lab
 
 
-def profile(lab, name, model, args=(), env=(), server=(), python=None):
+def profile(lab, name, model, args=(), env=(), server=(), python=None, file=None):
     """A profile like configs/cpu-tiny.toml (float32, eager, 1 GiB of KV cache) for the lab host."""
     env = dict({"VLLM_CPU_KVCACHE_SPACE": "1"}, **dict(env))
     lines = ["[target]", 'hosts = ["h1"]', f'name = "{name}"',
@@ -42,7 +42,7 @@ def profile(lab, name, model, args=(), env=(), server=(), python=None):
     lines += ["[server.args]", 'dtype = "float32"', "enforce-eager = true", *args,
               "[server.env]", *[f'{k} = "{v}"' for k, v in env.items()],
               "[ready]", "timeout = 300", "poll_interval = 0.5"]
-    return write_profile(lab, name, lines)
+    return write_profile(lab, file or name, lines)
 
 
 def failed_deploy(lab, prof):
@@ -60,11 +60,49 @@ def failed_deploy(lab, prof):
     return fatal
 
 
-def test_unknown_flag(lab, tiny_target):
-    fatal = failed_deploy(lab, profile(lab, "rf-flag", tiny_target, ['no-such-flag = "1"']))
-    assert fatal["rule"] == "unrecognized-arguments"
-    assert fatal["line"] == "api_server.py: error: unrecognized arguments: --no-such-flag"
-    assert "--no-such-flag" in fatal["cause"] and "--no-such-flag" in fatal["fix"]
+SQUATTER = """
+import os, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1)
+with open(sys.argv[2] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+time.sleep(600)
+"""
+
+
+def test_unknown_flag_then_a_rollback_onto_a_taken_port(lab, tiny_target):
+    # Preflight refuses a deploy onto a taken port, so the engine's own "Address already in use"
+    # (which names no port) is met where nothing checks first: a rollback relaunching a release
+    # that started before, after something else took the port.
+    good = profile(lab, "rf-port", tiny_target)
+    try:
+        with realengine.real_engine_lock():
+            fab(lab, "deploy", profile=good, timeout=400)
+        bad = profile(lab, "rf-port", tiny_target, ['no-such-flag = "1"'], file="rf-port-flag")
+        fatal = failed_deploy(lab, bad)
+        assert fatal["rule"] == "unrecognized-arguments"
+        assert fatal["line"] == "api_server.py: error: unrecognized arguments: --no-such-flag"
+        assert "--no-such-flag" in fatal["cause"] and "--no-such-flag" in fatal["fix"]
+
+        pidfile = lab.tmp("h1") / "rf-squatter.pid"
+        lab.exec("h1", ["setsid", "-f", "/usr/bin/python3", "-c", SQUATTER, str(PORT), "/tmp/rf-squatter.pid"],
+                 check=True)
+        pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, "the squatter"))
+        try:
+            with realengine.real_engine_lock():
+                r = fab(lab, "rollback", "--json", profile=good, code=1, timeout=400)
+        finally:
+            lab.exec("h1", ["kill", "-9", str(pid)])
+        records = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+        fatal = records[0]["fatal"]
+        assert fatal["rule"] == "port-in-use" and fatal["line"] == "OSError: [Errno 98] Address already in use"
+        assert f"port {PORT} is already taken" in fatal["cause"]
+        assert f"`ss -ltnp 'sport = :{PORT}'`" in fatal["fix"]
+    finally:
+        fab(lab, "stop", profile=good, timeout=120)
 
 
 def test_max_model_len_above_the_models_names_1024(lab, tiny_target):

@@ -83,7 +83,8 @@ RULES = (
          Pattern(r"ZMQError: Address already in use(?: \(addr='(?P<zmq_addr>[^']*)'\))?",
                  "pyzmq 22-26 zmq/error.py ZMQError (23+ adds the address); vLLM's engine sockets"),
          Pattern(r"\[Errno 98\] Address already in use",
-                 "CPython 3.x OSError for EADDRINUSE on Linux (vLLM's create_server_socket bind)"))),
+                 "CPython 3.x OSError for EADDRINUSE on Linux (vLLM's create_server_socket bind; the "
+                 "port is not in the line: the cause names the profile's); seen in vLLM 0.32.0 (CPU build)"))),
     Rule(
         "nccl-error", "NCCL/Gloo communication failed", 60,
         "the GPUs' collective communication failed: {detail}",
