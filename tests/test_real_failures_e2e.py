@@ -16,7 +16,8 @@ import realengine
 from helpers import fab, write_profile
 from lab import HostLab, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
+# A case waits for the real-engine lock while another suite holds it (a whole module, at times).
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine, pytest.mark.timeout(900)]
 
 PORT = 18100
 NO_GUARD_LAUNCHER = '''\

@@ -62,8 +62,11 @@ def explain_log(text, recorded, tmp_path, **kw):
     profile = load_profile(path)
     s = LogScanner()
     s.feed(text, final=True)
+    # What the host agent read of the environment's packages when the log was recorded.
+    packages = (lambda names: recorded["packages"]) if "packages" in recorded else None
     return explain(s, Readings(profile=profile, exit={"returncode": recorded["returncode"]},
-                               server={"pid": 1, "pgid": 1, "port": profile.server.port})), s
+                               server={"pid": 1, "pgid": 1, "port": profile.server.port},
+                               packages=packages)), s
 
 
 def expected(words, recorded):
