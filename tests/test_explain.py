@@ -198,6 +198,8 @@ EXAMPLES = [
     "OSError: Could not load this library: /opt/vllm-cpu/lib/python3.11/site-packages/torchaudio/lib/"
     "_torchaudio.so",
     "OSError: libc10_cuda.so: cannot open shared object file: No such file or directory",
+    "(EngineCore pid=7) ERROR 12-01 23:50:01 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
+    "unexpectedly (exit code: -4), shutting down executor.",
 ]
 
 

@@ -181,7 +181,7 @@ STANDIN_CASES = [c for c in CASES if c["file"] not in NOT_STANDIN and c["rule"] 
 
 
 @pytest.mark.parametrize("case", STANDIN_CASES, ids=[c["file"] for c in STANDIN_CASES])
-def test_the_standin_says_what_the_real_engine_said(case, cpu_standin, tmp_path):
+def test_the_standin_says_what_the_real_engine_said(case, cpu_standin, real_vllm, tmp_path):
     import re
     import realengine
     rec = dict(case["recorded"], case=case["file"][:-4])
