@@ -42,8 +42,8 @@ def _med(rows):
 
 
 def _ticks(pid, children=False):
-    with open("/proc/%d/stat" % pid) as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    from lab import proc_stat
+    fields = proc_stat(pid)[1]
     own = int(fields[11]) + int(fields[12])
     return (own, int(fields[13]) + int(fields[14])) if children else own
 
@@ -54,8 +54,7 @@ def _agent_pid(lab, host):
     table = _proc_table()
     for pid in _descendants(lab.sshd_pid(host), table):
         try:
-            with open("/proc/%d/cmdline" % pid, "rb") as f:
-                argv = f.read().split(b"\0")
+            argv = open("/proc/%d/cmdline" % pid, "rb").read().split(b"\0")
         except OSError:
             continue
         if len(argv) > 2 and argv[1] == b"-c" and b"llmfab_host" in argv[2]:

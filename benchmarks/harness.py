@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from lab import starttime as _start_time, wait_for
+from lab import proc_stat, starttime as _start_time, wait_for
 from measure import count_sshd
 
 HERE = Path(__file__).resolve().parent
@@ -194,12 +194,8 @@ class Bench:
 
 
 def _zombie(pid):
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            data = f.read()
-    except OSError:
-        return True
-    return data[data.rindex(b")") + 2:].split()[0] in (b"Z", b"X")
+    stat = proc_stat(pid)
+    return stat is None or stat[1][0] in ("Z", "X")
 
 
 class LineClock:

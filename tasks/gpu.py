@@ -11,7 +11,9 @@ nothing. Nothing to kill is success (exit 0).
 from .runner import load, run_task
 from .errors import ExitCode, OperationFailed
 from .fanout import HostResult
-from .gpuwait import gpu_lines, profile_devices, tolerance, wait_freed
+from .gpuwait import gpu_lines, profile_devices, wait_freed
+from .hostside.gpu import tolerance
+from .report import table_lines
 
 DEFAULT_GRACE_S = 10.0
 
@@ -23,13 +25,6 @@ def selection(opts, profile):
     if opts.gpus is not None:
         return list(opts.gpus)
     return profile_devices(profile)
-
-
-def table(headers, rows):
-    rows = [[str(c) for c in r] for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    fmt = "  ".join("{:<%d}" % w for w in widths)
-    return [fmt.format(*headers).rstrip()] + [fmt.format(*r).rstrip() for r in rows]
 
 
 def process_rows(procs):
@@ -80,7 +75,7 @@ def _free(host, reporter, s, record, devices, grace, nvidia_smi):
         reporter.line(name, s["note"])
     targets = [p for p in s["procs"] if not p["spared"]]
     if s["procs"]:
-        reporter.lines(name, table(["pid", "user", "GPU", "MiB", "source", "command"],
+        reporter.lines(name, table_lines(["pid", "user", "GPU", "MiB", "source", "command"],
                                    process_rows(s["procs"])))
     if record["dry_run"]:
         reporter.line(name, f"dry run: {len(targets)} process(es) would get SIGTERM, then SIGKILL "
@@ -109,7 +104,7 @@ def _free(host, reporter, s, record, devices, grace, nvidia_smi):
     before = {g["index"]: g["used_mib"] for g in s["gpus"] or ()}
     record["freed_mib"] = {str(g["index"]): before[g["index"]] - g["used_mib"] for g in after
                            if before.get(g["index"]) is not None and g["used_mib"] is not None}
-    reporter.lines(name, table(["pid", "signal", "GPU", "MiB", "command"], [
+    reporter.lines(name, table_lines(["pid", "signal", "GPU", "MiB", "command"], [
         [p["pid"], how.get(p["pid"], "?"), ",".join(str(g["index"]) for g in p["gpus"]),
          sum(g["used_mib"] or 0 for g in p["gpus"]) if any(g["used_mib"] is not None for g in p["gpus"])
          else "?", p["command"][:100]] for p in targets]))

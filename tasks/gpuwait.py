@@ -2,16 +2,13 @@
 
 After `fab stop` the deployment's devices must fall back to the readings recorded just
 before its launch (gpu-baseline.json); after `fab kill-gpu-procs` each GPU must drop by
-the memory its killed processes held. "Back" allows a tolerance of
-max(TOLERANCE_MIB, TOLERANCE_FRACTION of the reading it is compared with): the driver
-keeps some bookkeeping, and other tenants of a shared GPU move a little. The wait polls
+the memory its killed processes held. "Back" allows a tolerance (tasks/hostside/gpu.py
+`tolerance`, the same the supervisor uses on the host). The wait polls
 the host (one nvidia-smi reading per tick, every POLL_S) with tenacity for at most
 FREE_TIMEOUT_S, then fails naming every process still on those GPUs.
 """
 from .errors import OperationFailed
 
-TOLERANCE_MIB = 256
-TOLERANCE_FRACTION = 0.02
 FREE_TIMEOUT_S = 30.0
 POLL_S = 0.25
 
@@ -20,10 +17,6 @@ class NotFreedYet(Exception):
     def __init__(self, over):
         super().__init__("GPU memory not back yet")
         self.over = over
-
-
-def tolerance(mib):
-    return max(TOLERANCE_MIB, int(TOLERANCE_FRACTION * (mib or 0)))
 
 
 def profile_devices(profile):

@@ -8,8 +8,8 @@ reaper that becomes a session leader (so the server gets its own process group a
 never receives the SSH session's SIGHUP), starts the server with stdin from
 /dev/null and stdout+stderr appended to `server.log`, writes `server.json`, and
 returns at once. The reaper stays to record how the server ended in `exit.json`.
-With [supervise] on, the reaper runs the supervisor instead (tasks/supervise/, shipped
-beside launch.py as supervise.py, supervise_host.py and supervise_watch.py), which
+With [supervise] on, the reaper runs the supervisor instead (tasks/hostside/supervisor.py,
+shipped beside launch.py with the host modules it uses, see supervisor_files), which
 restarts the server per the profile; the rest of launch.py is the same.
 """
 import json
@@ -42,6 +42,11 @@ ARGV = {argv}
 ENV = {env}
 SECRET_NAMES = {secret_names}
 
+# The engine's cache directory (compiled graphs), relative to the deployment directory:
+# one per engine version, shared by every release and restart of this deployment, so a
+# redeploy starts warm. Empty when the profile sets it itself or the engine has none.
+CACHE_ENV = {cache_env}
+
 PORT = {port}
 
 
@@ -63,6 +68,10 @@ def _environment(here):
     # Inherited by every child, even one that leaves the process group: `fab stop`
     # finds this deployment's stragglers by it.
     env["LLMFAB_RELEASE"] = here
+    deployment = os.path.dirname(os.path.dirname(here))
+    for name, rel in CACHE_ENV.items():
+        env[name] = os.path.join(deployment, rel)
+        os.makedirs(env[name], exist_ok=True)
     if SECRET_NAMES:
         with open(os.path.join(here, "secrets.json")) as f:
             secrets = json.load(f)
@@ -149,16 +158,27 @@ def _reaper(here, env, report_fd):
     import supervise
     os._exit(supervise.run(here, ARGV, env, SUPERVISE, report_fd))
 '''
-SUPERVISOR_DIR = Path(__file__).with_name("supervise")
-SUPERVISOR_FILES = ("supervise.py", "supervise_host.py", "supervise_watch.py")
+# A supervised release carries the supervisor as the host agent's own modules: the package
+# llmfab_host/ holding supervisor.py and what it imports (the same files the agent runs,
+# never a copy kept by hand; tests/test_supervise_units.py checks the set is complete),
+# supervise.py (what the reaper above imports) and the failure rules as data.
+HOSTSIDE_DIR = Path(__file__).with_name("hostside")
+SUPERVISOR_PACKAGE = "llmfab_host"
+SUPERVISOR_MODULES = ("__init__", "common", "gpu", "gpuprocs", "hangwatch", "procs", "supervision",
+                      "supervisor")
+SUPERVISOR_ENTRY = b'''"""Imported by launch.py's reaper: the supervisor is llmfab_host/supervisor.py beside this file."""
+from llmfab_host.supervisor import run  # noqa: F401
+'''
+SUPERVISOR_FILES = ("supervise.py", "supervise_rules.json", SUPERVISOR_PACKAGE)  # names in the release
 SUPERVISING = ("running", "backoff", "waiting-for-gpu")  # supervisor states that may still launch
 SUPERVISED_GRACE_S = 30.0  # what is left of a crashed attempt gets fab stop's default grace
 
 
 def supervise_config(profile: Profile):
     """The SUPERVISE dict of launch.py: [supervise] plus where the hang probes look."""
+    from .hostside.probe import probe_host
     s, srv = profile.supervise, profile.server
-    host = "127.0.0.1" if srv.host in ("0.0.0.0", "", "::", "localhost") else srv.host
+    host = probe_host(srv.host)
     return {"restart": s.restart, "max_restarts": s.max_restarts, "window": s.window,
             "backoff": s.backoff, "backoff_max": s.backoff_max, "hang_timeout": s.hang_timeout,
             "memory_timeout": s.memory_timeout, "grace": SUPERVISED_GRACE_S, "port": srv.port,
@@ -180,8 +200,10 @@ def supervisor_files(profile: Profile):
     """[(name, bytes, mode)] of the supervisor, for the release directory; [] when off."""
     if not profile.supervise.on:
         return []
-    return [(name, (SUPERVISOR_DIR / name).read_bytes(), 0o600) for name in SUPERVISOR_FILES] + \
-        [("supervise_rules.json", supervisor_rules(), 0o600)]
+    modules = [(f"{SUPERVISOR_PACKAGE}/{m}.py", (HOSTSIDE_DIR / f"{m}.py").read_bytes(), 0o600)
+               for m in SUPERVISOR_MODULES]
+    return [("supervise.py", SUPERVISOR_ENTRY, 0o600), ("supervise_rules.json", supervisor_rules(), 0o600)] \
+        + modules
 
 
 def _supervised(text, profile):
@@ -208,9 +230,13 @@ def _in_docstring(text):
     return json.dumps(text)[1:-1]
 
 
-def render_launcher(profile: Profile, entry=DEFAULT_ENTRY) -> str:
-    """The text of launch.py for this profile (`entry`: tasks/argv.py). Deterministic: golden-tested."""
+def render_launcher(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None) -> str:
+    """The text of launch.py for this profile (`entry`: tasks/argv.py) and the engine version
+    the host has (None: not known here, e.g. a dry run; it names the engine's cache directory,
+    tasks/startup.py). Deterministic: golden-tested."""
+    from .startup import cache_env
     text = TEMPLATE.format(
+        cache_env=_literal(cache_env(profile, engine_version)),
         name="'%s'" % _in_docstring(profile.target.name),
         profile_name=_in_docstring(profile.path.name),
         digest=profile.digest[:12],

@@ -15,15 +15,14 @@ as SGLang computes it.
 """
 from dataclasses import dataclass, field
 
+from .hostside.hangwatch import GENERATED, RUNNING, WAITING  # noqa: F401  (one list, host and client)
+
 NO_SPEC = "no speculative decoding"
 
 DRAFTS = ("vllm:spec_decode_num_drafts_total",)
 DRAFT_TOKENS = ("vllm:spec_decode_num_draft_tokens_total",)
 ACCEPTED = ("vllm:spec_decode_num_accepted_tokens_total",)
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
-GENERATED = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
-RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "sglang:num_requests_running")
-WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "sglang:num_requests_waiting")
 # vLLM renamed gpu_cache_usage_perc to kv_cache_usage_perc; SGLang calls it token_usage.
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 SGLANG_RATE = ("sglang:spec_accept_rate",)

@@ -6,11 +6,11 @@ client adds what it alone can judge from the profile (an open port without a key
 prints one line per check and stops the task on any FAIL (exit 1, nothing launched).
 """
 from .errors import PreflightFailed
+from .hostside.probe import ALL_INTERFACES
 from .modelcheck import models_request
+from .report import Block
 from .profile.types import Profile
 from .specrequest import doctor_request
-
-OPEN_ADDRESSES = ("0.0.0.0", "::", "", "[::]")
 
 
 def deploy_dir(profile: Profile):
@@ -54,7 +54,7 @@ def exposure_checks(profile: Profile):
         return []
     host = s.flags.value("host", default=s.host)
     port = s.flags.value("port", default=s.port)
-    if str(host) not in OPEN_ADDRESSES or profile.api_key is not None:
+    if str(host) not in ALL_INTERFACES or profile.api_key is not None:
         return []
     return [{"status": "WARN", "check": "exposure", "message":
              f"the server listens on {host}:{port} with no API key: anyone who can reach port "
@@ -63,12 +63,19 @@ def exposure_checks(profile: Profile):
              f'"127.0.0.1" and reach it through an SSH tunnel (ssh -L {port}:127.0.0.1:{port} HOST)'}]
 
 
+def check_block(c):
+    """A preflight record for people: `STATUS check message`, wrapped under its message; a
+    doctor's finding as its headline, fix and source (tasks/doctor.py)."""
+    if c.get("finding"):
+        from .doctor import finding_block
+        return finding_block(c["finding"])
+    head = f"{c['status']:<4} {c['check']:<8} "
+    return Block(head + c["message"], hang=len(head))
+
+
 def print_checks(reporter, name, checks):
-    """One line per check; a doctor's finding as its headline, fix and source."""
-    from .doctor import finding_block
     for c in checks:
-        reporter.line(name, finding_block(c["finding"]) if c.get("finding")
-                      else f"{c['status']:<4} {c['check']:<8} {c['message']}")
+        reporter.line(name, check_block(c))
 
 
 def run_preflight(host, reporter, req, extra=()):
@@ -82,7 +89,7 @@ def run_preflight(host, reporter, req, extra=()):
     failed = [c for c in checks if c["status"] == "FAIL"]
     if failed:
         err = PreflightFailed(f"preflight failed ({len(failed)} check(s)); nothing was launched",
-                              details=[c["message"] for c in failed])
+                              details=[check_block(c) for c in failed])
         err.checks = checks
         raise err
     return checks

@@ -128,12 +128,15 @@ class Reporter:
 
     def table(self, headers, rows):
         """A plain aligned table (no host prefix): the run's summary."""
-        rows = [[str(c) for c in r] for r in rows]
-        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
-        fmt = "  ".join("{:<%d}" % w for w in widths)
         with self._lock:
             self._clear_progress()
-            self.stream.write(fmt.format(*headers).rstrip() + "\n")
-            for r in rows:
-                self.stream.write(fmt.format(*r).rstrip() + "\n")
+            self.stream.write("".join(line + "\n" for line in table_lines(headers, rows)))
             self.stream.flush()
+
+
+def table_lines(headers, rows):
+    """A plain aligned table as lines: a header, then a line per row, columns two spaces
+    apart, no trailing blanks. Every table llmfab prints is drawn here."""
+    lines = [[str(c) for c in headers]] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]

@@ -4,13 +4,14 @@ The host agent TERMs the server's process group and every process carrying the
 release marker, waits `grace` seconds, KILLs what is left and sweeps stragglers
 (tasks/hostside/procs.py). Then this side waits until the deployment's GPUs hold no
 more than just before the launch (gpu-baseline.json in the release), within
-tasks.gpuwait's tolerance, or fails naming the processes still there. A deployment
+tasks/hostside/gpu.py's tolerance, or fails naming the processes still there. A deployment
 that is not running is reported as such and is not an error.
 """
 import time
 
 from .errors import OperationFailed
-from .gpuwait import FREE_TIMEOUT_S, gpu_lines, tolerance, wait_freed
+from .gpuwait import FREE_TIMEOUT_S, gpu_lines, wait_freed
+from .hostside.gpu import baseline_limits
 
 DEFAULT_GRACE_S = 30.0
 
@@ -42,9 +43,7 @@ def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=
         why = (base or {}).get("error") or "no gpu-baseline.json in the release"
         reporter.line(name, f"GPU memory not checked ({why})")
         return res
-    devices = base.get("devices")
-    limits = {g["index"]: g["used_mib"] + tolerance(g["used_mib"]) for g in base["gpus"]
-              if g["used_mib"] is not None and (devices is None or g["index"] in devices)}
+    limits = baseline_limits(base)
     after = wait_freed(host, nvidia_smi=base.get("nvidia_smi") or "nvidia-smi", limits=limits,
                        timeout=memory_timeout, what="GPU memory of the stopped deployment")
     res["memory_s"] = round(time.monotonic() - t0, 3)

@@ -19,18 +19,16 @@ without it the document goes to stdout and everything else to stderr.
 import json
 import os
 import sys
-import tempfile
 
 from .errors import ExitCode, UsageError
 from .fanout import HostResult, worst
-
-WILDCARDS = ("0.0.0.0", "::", "", "localhost")
 
 
 def address(host, server_host):
     """HOST of HOST:PORT: the ssh config's HostName, or for `local` where the server listens."""
     if host.local:
-        name = "127.0.0.1" if server_host in WILDCARDS else server_host
+        from .hostside.probe import probe_host
+        name = probe_host(server_host)
     else:
         host.connect()
         name = host.cxn.host
@@ -81,24 +79,9 @@ def out_path(value):
 
 
 def write_atomically(path, text):
-    """Replace `path` with `text` in one rename; the file is 0644 (Prometheus reads it)."""
-    path = out_path(path)
-    folder = os.path.dirname(path)
-    fd, tmp = tempfile.mkstemp(prefix=".llmfab-targets-", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    """Replace --out's file with `text` in one rename; the file is 0644 (Prometheus reads it)."""
+    from .hostside import common
+    return common.write_atomically(out_path(path), text, 0o644)
 
 
 def gather(hosts, profile, reporter, run):

@@ -144,30 +144,37 @@ def _run(argv, **kw):
                                                    (exc.stderr or "").strip())) from None
 
 
-def starttime(pid):
-    """The start time of pid in clock ticks since boot (None if gone): tells a reused pid apart."""
+def proc_stat(pid):
+    """(comm, [state, ppid, pgrp, ...]) from /proc/<pid>/stat, or None if the pid is gone.
+    The lab's (and the benchmarks') own reading, independent of the code under test."""
     try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
+        with open("/proc/%s/stat" % pid, "rb") as f:
             data = f.read()
     except OSError:
         return None
-    return int(data[data.rindex(b")") + 2:].split()[19])
+    close = data.rindex(b")")
+    return data[data.index(b"(") + 1:close].decode(errors="replace"), data[close + 2:].decode().split()
+
+
+def alive(pid):
+    """Alive in the PID namespace the lab runs in; a zombie counts as dead."""
+    stat = proc_stat(pid)
+    return stat is not None and stat[1][0] not in ("Z", "X")
+
+
+def starttime(pid):
+    """The start time of pid in clock ticks since boot (None if gone): tells a reused pid apart."""
+    stat = proc_stat(pid)
+    return None if stat is None else int(stat[1][19])
 
 
 def _proc_table():
     """{pid: (ppid, comm)} for every process."""
     table = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry, "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        close = data.rindex(b")")
-        comm = data[data.index(b"(") + 1:close].decode(errors="replace")
-        table[int(entry)] = (int(data[close + 2:].split()[1]), comm)
+        stat = proc_stat(entry) if entry.isdigit() else None
+        if stat is not None:
+            table[int(entry)] = (int(stat[1][1]), stat[0])
     return table
 
 

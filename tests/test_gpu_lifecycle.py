@@ -13,7 +13,7 @@ import pytest
 
 import helpers
 from helpers import write_profile
-from lab import HostLab
+from lab import HostLab, alive
 
 pytestmark = pytest.mark.e2e
 
@@ -50,15 +50,6 @@ def gpu_pids(lab, host):
     r = lab.exec(host, ["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
                  capture_output=True, text=True, check=True)
     return sorted({int(p) for p in r.stdout.split()})
-
-
-def alive(pid):
-    """Alive in this machine's (the root) PID namespace; a zombie counts as dead."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def test_stop_sweeps_a_setsid_worker_waits_for_memory_and_is_idempotent(lab):

@@ -55,7 +55,11 @@ def test_selection_flags():
 
 
 def test_tolerance_and_limits():
-    assert gpuwait.tolerance(0) == 256 and gpuwait.tolerance(100_000) == 2000
+    from tasks.hostside.gpu import baseline_limits, tolerance
+    assert tolerance(0) == 256 and tolerance(100_000) == 2000
+    base = {"gpus": [{"index": 0, "used_mib": 4}, {"index": 1, "used_mib": 30000},
+                     {"index": 2, "used_mib": None}], "devices": [1, 2]}
+    assert baseline_limits(base) == {1: 30600} and baseline_limits(None) == {}
     gpus = [{"index": 0, "used_mib": 5274}, {"index": 1, "used_mib": None}]
     targets = [{"gpus": [{"index": 0, "used_mib": 2590}]}, {"gpus": [{"index": 0, "used_mib": None}]}]
     assert gpucmd._limits(gpus, targets) == {0: 2684 + 256}

@@ -69,6 +69,34 @@ def test_a_preflight_finding_prints_as_headline_fix_and_source_within_80_columns
     assert FINDING["message"] in joined and FINDING["source"] in joined
 
 
+def test_a_long_check_wraps_under_its_message_and_a_failed_preflight_lists_it_wrapped_too():
+    import pytest
+    from tasks.errors import PreflightFailed
+    from tasks.preflight import run_preflight
+    message = ("the server listens on 0.0.0.0:8000 with no API key: anyone who can reach port "
+               "8000 can use it. Either set a key from your environment, or bind [server] host = "
+               '"127.0.0.1" and reach it through an SSH tunnel (ssh -L 8000:127.0.0.1:8000 HOST)')
+    exposure = {"check": "exposure", "status": "WARN", "message": message}
+    lines = printed(80, lambda rep: print_checks(rep, "h1", [exposure]))
+    assert lines[0].startswith("[h1] WARN exposure the server listens on")
+    assert all(line.startswith("[h1]" + " " * 15) for line in lines[1:]) and len(lines) > 2
+    assert all(len(line) <= 80 for line in lines)
+
+    class FakeHost:
+        name = "h1"
+
+        def call(self, op, **kw):
+            return {"checks": [{"check": "disk", "status": "FAIL", "message": message}]}
+
+    def run(rep):
+        with pytest.raises(PreflightFailed) as e:
+            run_preflight(FakeHost(), rep, {})
+        report_error(rep, "h1", e.value)
+    out = printed(80, run)
+    assert any(line.startswith("[h1] error: preflight failed (1 check(s))") for line in out)
+    assert all(len(line) <= 80 for line in out), out
+
+
 def test_a_wide_terminal_gets_each_part_on_one_line():
     lines = printed(1000, lambda rep: rep.line("h1", finding_block(FINDING)))
     assert len(lines) == 3

@@ -18,8 +18,8 @@ import time
 import pytest
 
 import helpers
-from helpers import write_profile
-from lab import REPO, HostLab, wait_for
+from helpers import flat, write_profile
+from lab import REPO, HostLab, alive, wait_for
 
 HOST = "h1"  # shares this machine's PID namespace: pids from the host are ours too
 MIB = 1024
@@ -71,14 +71,6 @@ def status(lab, prof):
 
 def server_pid(lab, name):
     return read(lab.home(HOST) / "llmfab" / name / "server.json")["pid"]
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def restarted_and_ready(lab, prof, n):
@@ -138,8 +130,8 @@ def test_a_server_that_always_fails_gives_up_after_max_restarts_naming_the_loop_
     assert all(r["exit"] == 1 and r["rule"] == "cuda-oom" and "CUDA out of memory" in r["line"] for r in recs)
     r = lab.fab("status", profile=prof, timeout=60)
     assert r.returncode == 1
-    assert "crash loop: 2 restarts within 600 s (max_restarts = 2)" in r.stdout
-    assert "fatal line: " in r.stdout and "CUDA out of memory" in r.stdout
+    assert "crash loop: 2 restarts within 600 s (max_restarts = 2)" in flat(r.stdout), r.stdout
+    assert "fatal line: " in flat(r.stdout) and "CUDA out of memory" in flat(r.stdout)
     log = (release(lab, name) / "server.log").read_text()
     assert log.count("--- llmfab: restart") == 2 and log.count("CUDA out of memory") >= 3
     assert "--- llmfab: restart 2 of the server (previous attempt: exit status 1, cuda-oom) at " in log

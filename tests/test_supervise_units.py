@@ -1,6 +1,9 @@
-"""Supervision without a lab: the [supervise] schema, the rendered launcher and files, the
-supervisor's copies of llmfab's rules (held equal to their originals), its fatal-line and
-hang logic against a real HTTP server (configs/demo_server.py's), and the status lines."""
+"""Supervision without a lab: the [supervise] schema, the rendered launcher and the files a
+supervised release carries (the host agent's own modules, complete), the supervisor's
+fatal-line and hang logic against a real HTTP server (configs/demo_server.py's), and the
+status lines."""
+import ast
+import subprocess
 import sys
 import threading
 import time
@@ -8,20 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from tasks import gpuwait, logscan, metrics, supervision
+from tasks import logscan, supervision
 from tasks.deploy import release_files
 from tasks.errors import ProfileError
-from tasks.hostside import procs
-from tasks.launcher import SUPERVISOR_FILES, render_launcher, supervisor_rules
+from tasks.hostside import hangwatch
+from tasks.launcher import SUPERVISOR_FILES, SUPERVISOR_MODULES, render_launcher, supervisor_rules
 from tasks.profile import load_profile
 from tasks.status import Status, render
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tasks" / "supervise"))
 sys.path.insert(0, str(REPO / "configs"))
 import demo_server  # noqa: E402
-import supervise_host  # noqa: E402
-import supervise_watch  # noqa: E402
 
 DEMO = REPO / "configs" / "demo.toml"
 
@@ -65,19 +65,36 @@ def test_supervised_launcher_runs_the_supervisor_and_ships_its_files(tmp_path):
     compile(text, "launch.py", "exec")
     assert "import supervise\n" in text and "'hang_timeout': 7.0," in text and "'restart': 'always'," in text
     names = [n for n, _, _ in release_files(p)]
-    assert set(SUPERVISOR_FILES) | {"supervise_rules.json"} <= set(names)
+    assert {"supervise.py", "supervise_rules.json", "llmfab_host/supervisor.py"} <= set(names)
     plain = load_profile(DEMO)
-    assert "supervise" not in render_launcher(plain) and not set(SUPERVISOR_FILES) & {n for n, _, _ in release_files(plain)}
+    assert "supervise" not in render_launcher(plain)
+    assert not {n.split("/")[0] for n, _, _ in release_files(plain)} & set(SUPERVISOR_FILES)
 
 
-def test_the_supervisor_files_use_only_the_standard_library():
-    allowed = {"datetime", "json", "os", "select", "signal", "subprocess", "time", "http", "re",
-               "supervise_host", "supervise_watch", "traceback"}
-    for name in SUPERVISOR_FILES:
-        text = (REPO / "tasks" / "supervise" / name).read_text()
-        imported = {line.split()[1].split(".")[0] for line in text.splitlines()
-                    if line.startswith(("import ", "from "))}
-        assert imported <= allowed, (name, imported - allowed)
+def test_the_supervisor_ships_every_module_it_imports_and_runs_from_them_alone(tmp_path):
+    """The release's llmfab_host/ is the agent's own modules: every relative import in them
+    (top level or inside a function) names one that travels, and supervise.py imports from
+    the release alone, with the standard library only (python -S, no checkout on sys.path)."""
+    shipped = set(SUPERVISOR_MODULES)
+    for name in shipped:
+        tree = ast.parse((REPO / "tasks" / "hostside" / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                wanted = [node.module] if node.module else [a.name for a in node.names]
+                assert set(w.split(".")[0] for w in wanted) <= shipped, (name, wanted)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                top = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+                assert all(t.split(".")[0] in sys.stdlib_module_names for t in top), (name, top)
+    p = profile(tmp_path, '[supervise]\nrestart = "always"\n')
+    release = tmp_path / "release"
+    for name, data, _mode in release_files(p):
+        (release / name).parent.mkdir(parents=True, exist_ok=True)
+        (release / name).write_bytes(data)
+    r = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import supervise; "
+                        "print(supervise.run.__module__, sorted(m for m in sys.modules if m.startswith('llmfab_host.')))",
+                        str(release)], capture_output=True, text=True, cwd=str(tmp_path), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("llmfab_host.supervisor ")
 
 
 # -- the copies the supervisor carries equal their originals -------------------------------
@@ -86,7 +103,7 @@ def test_the_supervisor_files_use_only_the_standard_library():
 def rules(tmp_path_factory):
     path = tmp_path_factory.mktemp("rules") / "supervise_rules.json"
     path.write_bytes(supervisor_rules())
-    return supervise_watch.load_rules(str(path))
+    return hangwatch.load_rules(str(path))
 
 
 FAILURES = sorted((REPO / "tests" / "fixtures" / "failures").glob("*.log"))
@@ -94,26 +111,21 @@ FAILURES = sorted((REPO / "tests" / "fixtures" / "failures").glob("*.log"))
 
 @pytest.mark.parametrize("log", FAILURES, ids=[f.stem for f in FAILURES])
 def test_the_host_picks_the_same_line_and_rule_as_the_explainer(rules, log):
-    """Every recorded failure log: supervise_watch (on the host, from the rules as data)
+    """Every recorded failure log: hangwatch (on the host, from the rules as data)
     names the line and rule tasks/logscan.py names."""
     scanner = logscan.LogScanner()
     scanner.feed(log.read_text(errors="replace"), final=True)
-    line, rule = supervise_watch.fatal_line(str(log), 0, rules)
+    line, rule = hangwatch.fatal_line(str(log), 0, rules)
     if scanner.fatal is None:
         assert rule is None
     else:
         assert (line, rule) == (scanner.fatal.line.strip()[:500], scanner.fatal.rule.id)
 
 
-def test_supervisor_copies_match_llmfab():
-    assert (supervise_host.TOLERANCE_MIB, supervise_host.TOLERANCE_FRACTION) == \
-        (gpuwait.TOLERANCE_MIB, gpuwait.TOLERANCE_FRACTION)
-    assert supervise_host.KILL_WAIT_S == procs.KILL_WAIT_S
-    assert set(supervise_watch.GENERATED) == set(metrics.GENERATED)
-    assert set(supervise_watch.BUSY) <= set(metrics.RUNNING) | set(metrics.WAITING)
-    base = {"gpus": [{"index": 0, "used_mib": 4}, {"index": 1, "used_mib": 30000}], "devices": [1],
-            "nvidia_smi": "smi"}
-    assert supervise_host.gpu_limits(base) == ({1: 30000 + gpuwait.tolerance(30000)}, "smi")
+def test_hang_detection_reads_the_metric_names_status_reads():
+    from tasks import metrics
+    assert hangwatch.BUSY == metrics.RUNNING + metrics.WAITING
+    assert hangwatch.GENERATED is metrics.GENERATED
 
 
 # -- the fatal line of one attempt ---------------------------------------------------------
@@ -126,15 +138,15 @@ def test_fatal_line_reads_only_this_attempts_part_of_the_log(tmp_path, rules):
     with log.open("a") as f:
         f.write("INFO loading\n(EngineCore_DP0 pid=9) ERROR 12-01 03:00:00 [core.py:708] "
                 "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB.\n")
-    line, rule = supervise_watch.fatal_line(str(log), offset, rules)
+    line, rule = hangwatch.fatal_line(str(log), offset, rules)
     assert rule == "cuda-oom" and line.endswith("Tried to allocate 1.95 GiB.")
     with log.open("a") as f:
         f.write("--- llmfab: restart 1 ---\n")
     offset = log.stat().st_size
     with log.open("a") as f:
         f.write('Traceback (most recent call last):\n  File "x.py", line 1\nKeyError: \'model\'\n')
-    assert supervise_watch.fatal_line(str(log), offset, rules) == ("KeyError: 'model'", None)
-    assert supervise_watch.fatal_line(str(log), log.stat().st_size, rules) == (None, None)
+    assert hangwatch.fatal_line(str(log), offset, rules) == ("KeyError: 'model'", None)
+    assert hangwatch.fatal_line(str(log), log.stat().st_size, rules) == (None, None)
 
 
 # -- hang detection against a real HTTP server ----------------------------------------------
@@ -150,7 +162,7 @@ def demo():
 
 
 def watch(port, timeout):
-    return supervise_watch.HangWatch({"hang_timeout": timeout, "probe_host": "127.0.0.1", "port": port,
+    return hangwatch.HangWatch({"hang_timeout": timeout, "probe_host": "127.0.0.1", "port": port,
                                       "health_path": "/health", "metrics_path": "/metrics"})
 
 

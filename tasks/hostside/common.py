@@ -87,47 +87,105 @@ def read_json(path, default=None):
         return default
 
 
+def write_atomically(path, data, mode=0o644):
+    """Replace `path` with `data` (bytes or text) in one rename: a reader sees the old file or
+    the new one, never half of one. The file gets exactly `mode` whatever the umask; on a
+    failure nothing is left behind. Every state file llmfab writes goes through here."""
+    tmp = "%s.%d.tmp" % (path, os.getpid())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+            os.fchmod(f.fileno(), mode)
+        os.replace(tmp, path)
+    except BaseException:
+        _ignore(os.unlink, tmp)
+        raise
+    return path
+
+
 def write_json(path, data, mode=0o644):
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-        f.write("\n")
-    os.replace(tmp, path)
+    """`data` as one line of JSON in `path`, replaced atomically."""
+    return write_atomically(path, json.dumps(data) + "\n", mode)
+
+
+# Reading /proc, once for every module of this package (the supervisor's included).
+PROC = "/proc"
+GONE = ("Z", "X")  # zombie or dead: the pid exists but the process does not run
+
+
+def pids(proc_root=PROC):
+    """Every pid of this PID namespace."""
+    return [int(name) for name in os.listdir(proc_root) if name.isdigit()]
+
+
+def read_bytes(path):
+    """The bytes of a file, or None when it cannot be read (gone, not ours)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def proc_read(pid, name, proc_root=PROC):
+    """The bytes of /proc/<pid>/<name>, or None when the process is gone or not ours to read."""
+    return read_bytes("%s/%s/%s" % (proc_root, pid, name))
+
+
+def stat_fields(pid, proc_root=PROC):
+    """/proc/<pid>/stat after the command name: [state, ppid, pgrp, ...], or None if gone."""
+    data = proc_read(pid, "stat", proc_root)
+    fields = data.rsplit(b")", 1)[1].decode().split() if data and b")" in data else None
+    return fields or None
+
+
+def fd_targets(pid, proc_root=PROC):
+    """What the open descriptors of `pid` point at ("socket:[123]", "/dev/nvidia0", ...);
+    [] when it is gone or not ours to read."""
+    fd_dir = "%s/%s/fd" % (proc_root, pid)
+    out = []
+    try:
+        fds = os.listdir(fd_dir)
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            out.append(os.readlink(os.path.join(fd_dir, fd)))
+        except OSError:
+            continue
+    return out
 
 
 def pid_alive(pid):
     """True if pid exists and is not a zombie."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    fields = stat_fields(pid)
+    return bool(fields) and fields[0] not in GONE
 
 
 def group_members(pgid):
     """Live pids whose process group is pgid."""
     out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % name) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-            out.append(int(name))
+    for pid in pids():
+        fields = stat_fields(pid)
+        if fields and int(fields[2]) == pgid and fields[0] not in GONE:
+            out.append(pid)
     return out
 
 
-def cmdline(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            return f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
+def kill_each(pids, sig):
+    """`sig` once to each pid; one already gone, or not ours to signal, is passed over."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def cmdline(pid, proc_root=PROC):
+    """The process's argv joined by spaces ("" when gone; kernel threads have none)."""
+    raw = proc_read(pid, "cmdline", proc_root) or b""
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
 
 
 def _mount_ns(pid="self"):
@@ -138,23 +196,17 @@ def _mount_ns(pid="self"):
 
 
 def pids_marked(matches):
-    """Live pids, other than this agent, one of whose environment items satisfies matches(item).
+    """Live pids, other than this process, one of whose environment items satisfies matches(item).
 
-    Only processes that see this agent's filesystem count: the same marker path in another
+    Only processes that see this process's filesystem count: the same marker path in another
     mount namespace (a container sharing the PID namespace) belongs to another deployment.
     """
     me, mnt = os.getpid(), _mount_ns()
     out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+    for pid in pids():
+        if pid == me or (mnt is not None and _mount_ns(pid) != mnt):
             continue
-        if mnt is not None and _mount_ns(name) != mnt:
-            continue
-        try:
-            with open("/proc/%s/environ" % name, "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if any(matches(item) for item in env) and pid_alive(int(name)):
-            out.append(int(name))
+        env = (proc_read(pid, "environ") or b"").split(b"\0")
+        if any(matches(item) for item in env) and pid_alive(pid):
+            out.append(pid)
     return out

@@ -134,6 +134,35 @@ def select(gpus, devices):
     return [g for g in gpus if g["index"] in devices]
 
 
+# "Back" after a stop: a GPU is back to a reading once it is within max(TOLERANCE_MIB,
+# TOLERANCE_FRACTION of that reading) of it. The driver keeps some bookkeeping, and other
+# tenants of a shared GPU move a little. `fab stop`, `fab kill-gpu-procs` (tasks/gpuwait.py)
+# and the supervisor before a restart all use these.
+TOLERANCE_MIB = 256
+TOLERANCE_FRACTION = 0.02
+
+
+def tolerance(mib):
+    return max(TOLERANCE_MIB, int(TOLERANCE_FRACTION * (mib or 0)))
+
+
+def baseline_limits(baseline):
+    """{index: most used MiB that counts as back} for the deployment's GPUs in a
+    gpu-baseline.json; {} when it holds no reading."""
+    devices = (baseline or {}).get("devices")
+    return {g["index"]: g["used_mib"] + tolerance(g["used_mib"]) for g in (baseline or {}).get("gpus") or ()
+            if g.get("used_mib") is not None and (devices is None or g["index"] in devices)}
+
+
+def gpus_over(nvidia_smi, limits):
+    """[(index, used MiB)] of the GPUs above their limit now; None if nvidia-smi gave no
+    reading of every one of them."""
+    used = {g["index"]: g["used_mib"] for g in read_gpus(nvidia_smi) or () if g["used_mib"] is not None}
+    if not all(i in used for i in limits):
+        return None
+    return [(i, used[i]) for i in sorted(limits) if used[i] > limits[i]]
+
+
 def op_gpus(req):
     return {"gpus": select(read_gpus(req.get("nvidia_smi") or "nvidia-smi"), req.get("devices"))}
 

@@ -17,19 +17,11 @@ import os
 import re
 
 from . import gpu
+from .common import PROC, cmdline, fd_targets, pids, proc_read, read_bytes, stat_fields
 
-PROC = "/proc"
 GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nv-fabricmanager",
              "nvidia-fabricmanager", "nvidia-smi", "Xorg", "Xwayland")
-
-
-def _read(path, mode="r"):
-    try:
-        with open(path, mode) as f:
-            return f.read()
-    except OSError:
-        return None
 
 
 def minor_to_index(gpus, proc_root=PROC):
@@ -42,7 +34,7 @@ def minor_to_index(gpus, proc_root=PROC):
     except OSError:
         buses = []
     for bus in buses:
-        info = _read(os.path.join(base, bus, "information")) or ""
+        info = (read_bytes(os.path.join(base, bus, "information")) or b"").decode("utf-8", "replace")
         minor = re.search(r"^Device Minor:\s*(\d+)", info, re.M)
         uuid = re.search(r"^GPU UUID:\s*(\S+)", info, re.M)
         if minor and uuid and uuid.group(1) in by_uuid:
@@ -53,44 +45,28 @@ def minor_to_index(gpus, proc_root=PROC):
 def scan_fds(proc_root=PROC):
     """{pid: set of minors N of the /dev/nvidia<N> nodes it holds open}, this PID namespace."""
     out = {}
-    for name in os.listdir(proc_root):
-        if not name.isdigit():
-            continue
-        fd_dir = os.path.join(proc_root, name, "fd")
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue  # gone, or another user's process and we are not root
-        minors = set()
-        for fd in fds:
-            try:
-                m = GPU_NODE.match(os.readlink(os.path.join(fd_dir, fd)))
-            except OSError:
-                continue
-            if m:
-                minors.add(int(m.group(1)))
+    for pid in pids(proc_root):
+        minors = {int(m.group(1)) for m in map(GPU_NODE.match, fd_targets(pid, proc_root)) if m}
         if minors:
-            out[int(name)] = minors
+            out[pid] = minors
     return out
 
 
 def proc_info(pid, proc_root=PROC):
     """{pid, start, pgid, user, command, comm} or None when the pid does not exist here."""
-    stat = _read(os.path.join(proc_root, str(pid), "stat"))
-    if stat is None:
+    fields = stat_fields(pid, proc_root)
+    if fields is None:
         return None
     try:
-        fields = stat.rsplit(")", 1)[1].split()
         start, pgid = int(fields[19]), int(fields[2])
     except (IndexError, ValueError):
         start = pgid = None
     uid = None
-    for line in (_read(os.path.join(proc_root, str(pid), "status")) or "").splitlines():
+    for line in (proc_read(pid, "status", proc_root) or b"").decode("utf-8", "replace").splitlines():
         if line.startswith("Uid:"):
             uid = int(line.split()[1])
-    raw = _read(os.path.join(proc_root, str(pid), "cmdline"), "rb") or b""
-    command = raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
-    comm = (_read(os.path.join(proc_root, str(pid), "comm")) or "").strip()
+    command = cmdline(pid, proc_root)
+    comm = (proc_read(pid, "comm", proc_root) or b"").decode("utf-8", "replace").strip()
     return {"pid": pid, "start": start, "pgid": pgid, "user": _user(uid), "command": command or "[%s]" % comm,
             "comm": comm}
 
@@ -120,10 +96,9 @@ def _ancestry(pid, proc_root=PROC):
     out = set()
     while pid > 1 and pid not in out:
         out.add(pid)
-        stat = _read(os.path.join(proc_root, str(pid), "stat"))
         try:
-            pid = int(stat.rsplit(")", 1)[1].split()[1])
-        except (AttributeError, IndexError, ValueError):
+            pid = int(stat_fields(pid, proc_root)[1])
+        except (TypeError, IndexError, ValueError):
             break
     return out
 

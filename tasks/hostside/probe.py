@@ -4,9 +4,12 @@ import json
 import os
 
 from . import gpu
-from .common import cmdline, expand, pid_alive, read_json
+from .common import cmdline, expand, fd_targets, pid_alive, pids, read_json
 
 LOG_CHUNK = 256 * 1024
+# [server] host values that mean every interface: anyone who reaches the host reaches the
+# server (the preflight's exposure warning), and on the host itself it answers on 127.0.0.1.
+ALL_INTERFACES = ("0.0.0.0", "::", "[::]", "")
 
 
 def http_get(port, path, host="127.0.0.1", timeout=2.0, headers=None):
@@ -28,10 +31,9 @@ def http_get(port, path, host="127.0.0.1", timeout=2.0, headers=None):
 
 
 def probe_host(server_host):
-    """Where to reach the server from the host itself."""
-    if server_host in ("0.0.0.0", "", "::", "localhost"):
-        return "127.0.0.1"
-    return server_host
+    """Where to reach the server from the host itself (the agent's probes, the supervisor's
+    hang watch, `fab targets` for the `local` host)."""
+    return "127.0.0.1" if server_host in ALL_INTERFACES or server_host == "localhost" else server_host
 
 
 def served_models(port, path, host="127.0.0.1", api_key=None):
@@ -73,19 +75,7 @@ def port_holders(port):
     if not inodes:
         return []
     wanted = {"socket:[%s]" % i for i in inodes}
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        fd_dir = "/proc/%s/fd" % name
-        try:
-            for fd in os.listdir(fd_dir):
-                if os.readlink(os.path.join(fd_dir, fd)) in wanted:
-                    out.append({"pid": int(name), "cmdline": cmdline(int(name))})
-                    break
-        except OSError:
-            continue
-    return out
+    return [{"pid": pid, "cmdline": cmdline(pid)} for pid in pids() if wanted.intersection(fd_targets(pid))]
 
 
 def port_in_use(host, port):

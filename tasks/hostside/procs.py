@@ -1,5 +1,8 @@
 """Stopping a deployment on the host: TERM the group, wait, KILL, sweep stragglers.
 
+`stop` is what `fab stop` runs; `stop_own_group` the same from inside the group (the
+supervisor, tasks/hostside/supervisor.py, ending what is left of a crashed attempt).
+
 Stragglers are processes that left the server's process group (e.g. a worker that
 called setsid) but still carry the launcher's `LLMFAB_RELEASE` environment marker.
 The answer carries the release's gpu-baseline.json so the caller can wait until the
@@ -10,7 +13,7 @@ import signal
 import time
 
 from . import gpu, gpuprocs, supervision
-from .common import cmdline, expand, group_members, pid_alive, pids_marked, read_json
+from .common import cmdline, expand, group_members, kill_each, pid_alive, pids_marked, read_json
 
 MARKER = b"LLMFAB_RELEASE="
 KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA process
@@ -36,19 +39,15 @@ def _signal(pids, pgid, sig):
         except (ProcessLookupError, PermissionError):
             in_group = set()
         pids = [p for p in pids if p not in in_group]
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+    kill_each(pids, sig)
 
 
-def _wait_gone(pids, deadline):
+def _wait_gone(pids, deadline, sleep=time.sleep):
     while True:
         alive = [p for p in pids if pid_alive(p)]
         if not alive or time.monotonic() >= deadline:
             return alive
-        time.sleep(0.05)
+        sleep(0.05)
 
 
 def ours(ddir, pgid):
@@ -103,6 +102,39 @@ def stop(ddir, grace):
         "names": {str(k): v for k, v in names.items()},
         "seconds": round(time.monotonic() - t0, 3),
     }
+
+
+def stop_own_group(marked, grace, sleep=time.sleep):
+    """`stop`, done from inside the group it stops: the supervisor leads its server's process
+    group, so it TERMs the group once with itself spared, then each process `marked()` names
+    (its release's marker) outside the group; waits `grace` s, KILLs what is left and what
+    appeared meanwhile. `sleep(s)` waits (the supervisor's notices a stop request).
+    Returns {"terminated": [...], "killed": [...]}."""
+    me = os.getpid()
+    group = set(group_members(me)) - {me}
+    targets = group | set(marked())
+    if targets:
+        if group:
+            _term_own_group()
+        _signal(sorted(set(marked()) - set(group_members(me))), None, signal.SIGTERM)
+        _wait_gone(sorted(targets), time.monotonic() + grace, sleep)
+    # The sweep: survivors of TERM, and anything of ours that appeared meanwhile.
+    left = sorted(p for p in (targets | set(marked()) | set(group_members(me))) - {me} if pid_alive(p))
+    _signal(left, None, signal.SIGKILL)
+    _wait_gone(left, time.monotonic() + KILL_WAIT_S, sleep)
+    return {"terminated": sorted(targets - set(left)), "killed": left}
+
+
+def _term_own_group():
+    """SIGTERM to this process's group, itself spared: blocked, then the pending one consumed."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        os.killpg(os.getpgid(0), signal.SIGTERM)
+        signal.sigtimedwait({signal.SIGTERM}, 0)
+    except (ProcessLookupError, PermissionError):
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def baseline(ddir, server):

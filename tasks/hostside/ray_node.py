@@ -19,7 +19,7 @@ import sys
 import time
 
 from . import gpu
-from .common import (HostError, cmdline, expand, group_members, pid_alive, pids_marked, read_json,
+from .common import (HostError, cmdline, expand, group_members, kill_each, pid_alive, pids_marked, read_json,
                      site_packages, utc_iso, write_json)
 
 MARKER = "LLMFAB_RAY"
@@ -172,11 +172,7 @@ def _stop(rdir, record, grace):
     leader = (record or {}).get("pid")
     first = [leader] if leader in targets else sorted(targets)
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGTERM, 2.0), (signal.SIGKILL, KILL_WAIT_S)):
-        for p in first:
-            try:
-                os.kill(p, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_each(first, sig)
         deadline = time.monotonic() + wait
         while time.monotonic() < deadline and any(pid_alive(p) for p in targets):
             time.sleep(0.05)

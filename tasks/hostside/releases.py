@@ -5,11 +5,10 @@
 
 A release whose server failed to start holds start-failed.json (op mark_failed).
 """
-import json
 import os
 import time
 
-from .common import HostError, expand, remove_tree, utc_iso
+from .common import HostError, expand, remove_tree, utc_iso, write_json
 
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 
@@ -18,11 +17,13 @@ def op_new_release(req):
     """Create releases/<UTC stamp>[-N] (0700) and return its absolute path.
 
     `files` ([[name, mode, base64 data]]): written into it in the same request (deploy's
-    launch.py, argv.json, profile.toml...); if one cannot be, the new release is removed
-    again and nothing is left half-written."""
+    launch.py, argv.json, profile.toml...; a name may hold one folder, as the supervisor's
+    llmfab_host/*.py do); if one cannot be, the new release is removed again and nothing is
+    left half-written."""
     files = req.get("files") or []
     for name, _mode, _data in files:
-        if not name or "/" in name or name in (".", ".."):
+        parts = name.split("/") if isinstance(name, str) else ()
+        if not 1 <= len(parts) <= 2 or any(p in ("", ".", "..") for p in parts):
             raise HostError("not a file name for a release: %r" % (name,), kind="internal")
     out = _new_release_dir(req)
     if files:
@@ -30,6 +31,8 @@ def op_new_release(req):
         from .files import write_file
         try:
             for name, mode, data in files:
+                if "/" in name:
+                    os.makedirs(os.path.join(out["path"], name.split("/")[0]), 0o700, exist_ok=True)
                 write_file(os.path.join(out["path"], name), a2b_base64(data), mode)
         except BaseException:
             remove_tree(out["path"])
@@ -126,10 +129,6 @@ def op_mark_failed(req):
         raise HostError("no release %s in %s" % (req["release"], req["deploy_dir"]), kind="no_release")
     record = {"failed_at": utc_iso(),
               "rule": req.get("rule"), "cause": req.get("cause")}
-    tmp = os.path.join(path, "." + FAILED_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(record, f)
-        f.write("\n")
-    os.replace(tmp, os.path.join(path, FAILED_FILE))
+    write_json(os.path.join(path, FAILED_FILE), record)
     return {}
 

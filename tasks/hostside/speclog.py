@@ -21,7 +21,7 @@ import os
 import re
 
 from . import specdoctor
-from .common import expand
+from .common import expand, write_json
 from .specrules import LOG_RULES
 
 AUX = re.compile(r"(Using (?:auxiliary layers from speculative config|Eagle3 auxiliary layers "
@@ -111,10 +111,7 @@ def op_spec_evidence(req):
     ev = evidence(facts, _read_head(os.path.join(rdir, "server.log")),
                   (req.get("doctor") or {}).get("accept") or ())
     if ev["aux_layers"] is not None or ev["runner"] is not None or ev["mtp_line"]:
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(ev, f, indent=1)
-        os.replace(tmp, path)
+        write_json(path, ev)
     out["evidence"] = ev
     return out
 

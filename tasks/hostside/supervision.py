@@ -1,4 +1,4 @@
-"""The agent's view of a release's supervisor (tasks/supervise/, run by launch.py's reaper).
+"""The agent's view of a release's supervisor (tasks/hostside/supervisor.py, run by launch.py's reaper).
 
 `read(ddir, server)` gives the `supervisor` object of `fab status --json`; `end(ddir,
 server)` is the first step of every stop: SIGUSR1 to the supervisor, then wait until

@@ -137,7 +137,7 @@ HOST_PATTERN = r"[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]*"
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Names the release directory already uses for its own files.
 RESERVED_FILES = frozenset({"launch.py", "argv.json", "profile.toml", "server.log", "secrets.json",
-                            "supervise.py", "supervise_host.py", "supervise_watch.py", "supervise_rules.json"})
+                            "supervise.py", "supervise_rules.json", "llmfab_host"})
 
 
 def build(ck, data, default_name):

@@ -1,18 +1,19 @@
-"""The supervisor: copied verbatim into a release as `supervise.py` when [supervise] is on.
+"""The supervisor: restarts a release's server on the host when [supervise] is on.
 
-launch.py's reaper (the session leader that outlives the SSH session) calls `run()`:
-it starts the server, and when the server ends (or hangs, see hangwatch.py) it records
-the attempt in restarts.jsonl, stops what is left of it exactly as `fab stop` does
-(TERM the group once, grace, KILL, sweep by the LLMFAB_RELEASE marker), waits until GPU
-memory is back to gpu-baseline.json, waits the backoff and relaunches the same argv and
-environment, appending to the same server.log after one marker line. supervisor.json
-says where it stands (`fab status` shows it). `fab stop` sends SIGUSR1 first and waits
-until the state reads "off": from then on nothing is launched.
+launch.py's reaper (the session leader that outlives the SSH session) imports
+supervise.py beside it, which runs `run()` from this module: shipped into the release
+with the modules it uses as the package llmfab_host/ (tasks/launcher.py). It starts the
+server, and when the server ends (or hangs, see hangwatch.py) it records the attempt in
+restarts.jsonl, stops what is left of it exactly as `fab stop` does (procs.py: TERM the
+group once, grace, KILL, sweep by the LLMFAB_RELEASE marker), waits until GPU memory is
+back to gpu-baseline.json (gpu.py's tolerance), waits the backoff and relaunches the same
+argv and environment, appending to the same server.log after one marker line.
+supervisor.json says where it stands (`fab status` shows it). `fab stop` sends SIGUSR1
+first and waits until the state reads "off": from then on nothing is launched.
 
 Signals are handled signal-safely: do-nothing handlers plus `signal.set_wakeup_fd`, so
 every delivery is a byte on a pipe the loop selects on. Standard library only, Python >= 3.9.
 """
-import datetime
 import json
 import os
 import select
@@ -20,15 +21,13 @@ import signal
 import subprocess
 import time
 
-from supervise_host import Release, gpu_limits, gpus_over, stop_attempt
-from supervise_watch import HangWatch, fatal_line, load_rules
+from .common import pids_marked, read_json, utc_iso, write_json
+from .gpu import baseline_limits, gpus_over
+from .hangwatch import HangWatch, fatal_line, load_rules
+from .procs import KILL_WAIT_S, stop_own_group
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # USR1: `fab stop`'s request; TERM: any stop
 TICK_S = 5.0  # longest sleep between looks when nothing happens (idle CPU stays ~0)
-
-
-def now_iso():
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def describe_end(rc):
@@ -37,6 +36,36 @@ def describe_end(rc):
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
         return None, name, "signal " + name
     return rc, None, "exit status %s" % rc
+
+
+class Release:
+    """The release directory this supervisor runs from (launch.py's directory)."""
+
+    def __init__(self, here):
+        self.here = here
+        self.ddir = os.path.dirname(os.path.dirname(here))
+        self.log_path = os.path.join(here, "server.log")
+        self.marker = ("LLMFAB_RELEASE=" + here).encode()
+
+    def read_json(self, name):
+        return read_json(os.path.join(self.here, name))
+
+    def write_json(self, name, data):
+        write_json(os.path.join(self.here, name), data)
+
+    def append_jsonl(self, name, record):
+        with open(os.path.join(self.here, name), "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def record_server(self, pid, started_at, port):
+        """server.json as launch.py writes it; the pgid (this reaper) stays the same."""
+        write_json(os.path.join(self.ddir, "server.json"),
+                   {"pid": pid, "pgid": os.getpgid(0), "started_at": started_at,
+                    "release": os.path.basename(self.here), "port": port})
+
+    def marked(self):
+        """Live pids (but this one) whose environment carries this release's marker."""
+        return pids_marked(lambda item: item == self.marker)
 
 
 class Supervisor:
@@ -92,7 +121,7 @@ class Supervisor:
         proc = subprocess.Popen(self.argv, cwd=self.rel.here, env=self.env,
                                 stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, close_fds=True)
-        self.started_at = now_iso()
+        self.started_at = utc_iso()
         self.rel.record_server(proc.pid, self.started_at, self.cfg["port"])
         self.publish(state="running", next_attempt_at=None, attempt=self.attempt)
         return proc
@@ -131,7 +160,8 @@ class Supervisor:
 
     def wait_for_gpu(self):
         """True once every GPU of the baseline is back within tolerance; False on stop or timeout."""
-        limits, smi = gpu_limits(self.rel.read_json("gpu-baseline.json"))
+        baseline = self.rel.read_json("gpu-baseline.json") or {}
+        limits, smi = baseline_limits(baseline), baseline.get("nvidia_smi") or "nvidia-smi"
         if not limits:
             return True
         self.publish(state="waiting-for-gpu")
@@ -172,12 +202,16 @@ class Supervisor:
                 if self.stopping:  # `fab stop` ends the server; just record how it ended
                     self.publish(state="off", next_attempt_at=None)
                     return self.finish(proc.wait())
-                ended_at = now_iso()
+                ended_at = utc_iso()
                 if hang:  # when it was seen, to the microsecond (the record has seconds)
                     self.publish(hang_detected_at=time.time())
                 # What is left goes first (a hung server included: it exits by our TERM or
                 # KILL, and that is how its attempt ended); then the record.
-                stop_attempt(self.rel, proc, self.cfg.get("grace", 30.0), self)
+                stop_own_group(self.rel.marked, self.cfg.get("grace", 30.0), self.sleep)
+                try:
+                    proc.wait(KILL_WAIT_S)
+                except subprocess.TimeoutExpired:  # stuck in the kernel; its returncode stays None
+                    pass
                 rc = proc.returncode
                 failed = self.end_attempt(rc, hang, ended_at)
                 if self.stopping:
@@ -200,7 +234,7 @@ class Supervisor:
                 self.restart_times.append(time.time())
                 log.write(("--- llmfab: restart %d of the server (previous attempt: %s%s) at %s ---\n"
                            % (self.attempt, describe_end(rc)[2],
-                              ", " + self.last["rule"] if self.last["rule"] else "", now_iso())).encode())
+                              ", " + self.last["rule"] if self.last["rule"] else "", utc_iso())).encode())
                 log.flush()
                 try:
                     proc = self.launch(log)
@@ -215,7 +249,7 @@ class Supervisor:
         """The supervisor is done: exit.json says how the last attempt ended."""
         if self.stopping and self.status["state"] != "gave-up":
             self.publish(state="off", next_attempt_at=None)
-        self.rel.write_json("exit.json", {"returncode": rc, "ended_at": now_iso(),
+        self.rel.write_json("exit.json", {"returncode": rc, "ended_at": utc_iso(),
                                           "supervisor": self.status["state"]})
         return 0
 

@@ -1,6 +1,6 @@
 """The supervisor's eyes: hang detection over HTTP, and the fatal line (and rule) of an attempt's log.
 
-Copied into a release beside supervise.py. Hung (DESIGN.md "Supervision"), once the
+Shipped into a supervised release with the supervisor (tasks/launcher.py). Hung (DESIGN.md "Supervision"), once the
 server answered /health 200: no 200 for `hang_timeout` s since the last one (a probe
 fails after min(5, hang_timeout) s), or requests running/waiting while the generated-token
 counter in /metrics stays put for `hang_timeout` s. Busy and progressing, or idle with
@@ -18,10 +18,12 @@ import time
 EXCEPTION = re.compile(r"^(?:\(\w+[^)]*\) )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b(?::|$)")
 READ_MAX = 4 << 20  # bytes of an attempt's log read for its fatal line (the tail if longer)
 
-# Metric names as tasks/metrics.py reads them (vLLM, SGLang).
+# The Prometheus names of vLLM's and SGLang's counters llmfab reads, here and in
+# tasks/metrics.py (which imports them from here).
 GENERATED = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
-BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting", "sglang:num_running_reqs",
-        "sglang:num_queue_reqs")
+RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "sglang:num_requests_running")
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "sglang:num_requests_waiting")
+BUSY = RUNNING + WAITING
 
 
 def load_rules(path):
