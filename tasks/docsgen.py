@@ -206,11 +206,35 @@ def architecture_page():
     return "\n".join(out)
 
 
+def startup_page():
+    from .hostside.startup import PHASE_LINES
+    from .startup import CACHE_ENV, RULES
+    out = ["# Start-up phases", "",
+           "The table of `tasks/hostside/startup.py`: which line of an engine's log ends (or begins) "
+           "which start-up phase, or shows the compile cache's state. `process` (launch to the first "
+           "line) and `ready` (the last line to llmfab's readiness) come from llmfab's own times; what "
+           "no line accounts for is `unaccounted`. `took` lines state their own duration.", ""]
+    out += _table(("phase", "kind", "engine", "versions", "pattern", "source"),
+                  [(r.get("phase") or f"compile cache: {r['cache']}", r.get("kind", "evidence"),
+                    r["engine"], cell(r["versions"] or "any"), f"`{cell(r['pattern'])}`",
+                    cell(r["source"])) for r in PHASE_LINES])
+    out += ["", "## Rules", ""]
+    out += _table(("rule", "severity", "when", "message", "fix"),
+                  [(f"`{r['id']}`", r["severity"], f"more than {r['ratio'] - 1:.0%} and {r['min_s']:g} s "
+                    "slower than the last good start of the profile and engine version",
+                    cell(r["message"]), cell(r["fix"])) for r in RULES])
+    out += ["", "## Engine caches", ""]
+    out += _table(("engine", "variable", "source"),
+                  [(e, f"`{c['var']}`", cell(c["source"])) for e, c in CACHE_ENV.items()])
+    return "\n".join(out)
+
+
 PAGES = {
     "profile.md": profile_page,
     "cli.md": cli_page,
     "doctor-rules.md": doctor_page,
     "failure-rules.md": failure_page,
+    "startup-phases.md": startup_page,
     "architecture.md": architecture_page,
 }
 

@@ -36,8 +36,10 @@ def host_readings(host, profile, server, exit=None):
             return host.call("kernel_oom", pids=[pid], timeout=15).get("line")
         except AgentError:
             return None
+    def packages(names):
+        return host.call("packages", names=list(names), timeout=30)
     return Readings(profile=profile, server=server, exit=exit, gpu_procs=gpu_procs,
-                    kernel_oom=kernel_oom)
+                    kernel_oom=kernel_oom, packages=packages)
 
 
 def server_failed(scanner, host, profile, server, exit=None):

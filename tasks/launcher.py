@@ -42,6 +42,11 @@ ARGV = {argv}
 ENV = {env}
 SECRET_NAMES = {secret_names}
 
+# The engine's cache directory (compiled graphs), relative to the deployment directory:
+# one per engine version, shared by every release and restart of this deployment, so a
+# redeploy starts warm. Empty when the profile sets it itself or the engine has none.
+CACHE_ENV = {cache_env}
+
 PORT = {port}
 
 
@@ -63,6 +68,10 @@ def _environment(here):
     # Inherited by every child, even one that leaves the process group: `fab stop`
     # finds this deployment's stragglers by it.
     env["LLMFAB_RELEASE"] = here
+    deployment = os.path.dirname(os.path.dirname(here))
+    for name, rel in CACHE_ENV.items():
+        env[name] = os.path.join(deployment, rel)
+        os.makedirs(env[name], exist_ok=True)
     if SECRET_NAMES:
         with open(os.path.join(here, "secrets.json")) as f:
             secrets = json.load(f)
@@ -221,9 +230,13 @@ def _in_docstring(text):
     return json.dumps(text)[1:-1]
 
 
-def render_launcher(profile: Profile, entry=DEFAULT_ENTRY) -> str:
-    """The text of launch.py for this profile (`entry`: tasks/argv.py). Deterministic: golden-tested."""
+def render_launcher(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None) -> str:
+    """The text of launch.py for this profile (`entry`: tasks/argv.py) and the engine version
+    the host has (None: not known here, e.g. a dry run; it names the engine's cache directory,
+    tasks/startup.py). Deterministic: golden-tested."""
+    from .startup import cache_env
     text = TEMPLATE.format(
+        cache_env=_literal(cache_env(profile, engine_version)),
         name="'%s'" % _in_docstring(profile.target.name),
         profile_name=_in_docstring(profile.path.name),
         digest=profile.digest[:12],

@@ -1,5 +1,5 @@
 """Reading a server log as it grows: the failure rule it shows, the lines that explain
-it, the last exception, the phase.
+it, the last exception. (The start-up phase is tasks/hostside/startup.py's.)
 
 Pure: fed text chunks, keeps a bounded window of recent lines. What counts as fatal
 is the failure-rule table (tasks/failrules/); this module only decides WHICH matching
@@ -13,15 +13,6 @@ from collections import deque
 from typing import NamedTuple, Optional
 
 from .failrules import ABOVE, ROOT, RULES, Rule
-
-PHASES = [  # later phases win; matched on each new line
-    ("loading", re.compile(r"Loading (?:model|weights|safetensors)|Starting to load model|Load weight|load_model")),
-    ("loading", re.compile(r"Model loading took")),
-    ("compiling", re.compile(r"torch\.compile|Compiling a graph|Capturing CUDA graph|cuda graph", re.I)),
-    ("warming", re.compile(r"Available KV cache memory|init engine|KV cache|warm", re.I)),
-    ("starting api", re.compile(r"Starting vLLM API server|Application startup complete|Uvicorn running|fired up")),
-]
-PHASE_ORDER = ["launched", "loading", "compiling", "warming", "starting api", "ready"]
 
 ENGINE_PREFIX = re.compile(r"^\((?:EngineCore|Worker)[^)]*\)")
 # What engines put before a message: vLLM's "(EngineCore_DP0 pid=7) ERROR 11-30 04:27:01
@@ -63,7 +54,6 @@ def is_fatal_line(line):
 class LogScanner:
     def __init__(self, window=400):
         self.recent = deque(maxlen=window)
-        self.phase = "launched"
         self.fatal = None            # the Finding, once decided (it never changes after)
         self.lines_seen = 0
         self.matches = []            # (line number, rule, pattern, match), in log order
@@ -89,9 +79,6 @@ class LogScanner:
                 if hit:
                     self.matches.append((n, rule, hit[0], hit[1]))
                     break
-            for phase, pattern in PHASES:
-                if pattern.search(line) and PHASE_ORDER.index(phase) > PHASE_ORDER.index(self.phase):
-                    self.phase = phase
         if self.fatal is None:
             self.fatal = self._decide(final)
         return self.fatal

@@ -5,8 +5,9 @@
 
 `releases` lists, oldest first, each release's stamp, the first 12 hex digits of the
 sha256 of its saved profile.toml, when it started (server.json for the running
-one, else the stamp), how it ended (from the exit.json the launcher's reaper
-writes) and its log size; `*` marks `current`. `--keep N` first prunes to the newest
+one, else the stamp), its time to ready and compile cache (warm/cold) when a deploy
+waited for it (startup.json; --json: `ready_s`, `startup` phases, `compile_cache`), how
+it ended (from the exit.json the launcher's reaper writes) and its log size; `*` marks `current`. `--keep N` first prunes to the newest
 N releases under the deploy lock (never the current one or the one before it);
 deploy prunes to `target.keep_releases` (default 5) after each launch.
 
@@ -91,15 +92,27 @@ def rows(listing):
             "ended": describe_end(r), "returncode": ex.get("returncode"),
             "ended_at": ex.get("ended_at"), "log_bytes": r.get("log_bytes"),
             "running": bool(r.get("running")),
+            # its start, if a deploy waited for it (tasks/startup.py): time to ready, phases
+            "ready_s": (r.get("startup") or {}).get("ready_s"),
+            "startup": (r.get("startup") or {}).get("phases"),
+            "compile_cache": (r.get("startup") or {}).get("compile_cache"),
         })
     return out
 
 
 def table_lines(records):
-    head = ["", "release", "profile", "started", "ended", "log"]
+    head = ["", "release", "profile", "started", "ready in", "ended", "log"]
     body = [["*" if r["current"] else "", r["release"], r["profile_sha"] or "-",
-             human_time(r["started_at"]), r["ended"], human_bytes(r["log_bytes"])] for r in records]
+             human_time(r["started_at"]), _ready(r), r["ended"], human_bytes(r["log_bytes"])]
+            for r in records]
     return report.table_lines(head, body)
+
+
+def _ready(rec):
+    """Time to ready of the release's start, with its compile cache: `45.7 s (warm)`."""
+    if rec.get("ready_s") is None:
+        return "-"
+    return f"{rec['ready_s']:.1f} s" + (f" ({rec['compile_cache']})" if rec.get("compile_cache") else "")
 
 
 def previous_release(releases, current):
@@ -224,6 +237,11 @@ def rollback_host(host, profile, opts, reporter, to=None):
                              stale_agent=hello.get("pid"))
     reporter.line(name, f"ready in {facts['seconds']:.1f} s: release {prev} on port {old.server.port}")
     result.summary = f"rolled back to {prev}, ready in {facts['seconds']:.1f} s"
+    from . import startup  # this start's phases, kept in the release as its deploy's were
+    rec, slower = startup.record(host, old, ddir, server, facts, None, reporter,
+                                 log_offset=launched.get("log_offset", 0))
+    result.data.update(ready_s=round(facts["seconds"], 3), startup=rec["phases"],
+                       compile_cache=rec["compile_cache"], findings=slower)
     return result
 
 

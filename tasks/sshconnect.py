@@ -23,6 +23,7 @@ import threading
 import time
 
 import paramiko
+from fabric import Connection
 
 from .errors import HostUnreachable
 
@@ -152,11 +153,25 @@ def _seconds(t):
     return f"{t:g} s"
 
 
+class SharedConfigConnection(Connection):
+    """A fabric.Connection that never writes into its config.
+
+    Fabric's Connection.__init__ assigns `inline_ssh_env`, which is no attribute of its
+    class, so the assignment is a write into the config, and every write re-merges that
+    config from nothing. The config is the one every host's thread shares: a host's thread
+    then read it half-built ("No attribute or config key found for 'user'", once in ~80
+    deploys to 8 hosts). A class attribute keeps the assignment on the connection."""
+    inline_ssh_env = None
+
+
+def connection(name, config):
+    """A Connection to `name`, not opened yet, that leaves `config` as it was."""
+    return SharedConfigConnection(name, config=config)
+
+
 def open_connection(name, config, *, timeout=None, accept_new=False):
     """An open, host-key-checked fabric.Connection to `name`, or HostUnreachable."""
-    from fabric import Connection
-
-    cxn = Connection(name, config=config)
+    cxn = connection(name, config)
     timeout = connect_timeout(cxn, timeout)
     _prepare(cxn, timeout, accept_new)
 

@@ -4,9 +4,11 @@
 
 `gather(host, profile)` asks the host (state, GPUs, one poll, /metrics) and returns a
 `Status`: the JSON record DESIGN.md fixes (`host, running, pid, release, port, health,
-served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal` and
-`cluster`; from /metrics also `requests_running, requests_waiting, kv_cache_usage` (0..1),
-null where the engine does not say), and the lines only a human reads. `render(status)` turns it into text and
+served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
+`cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
+`ready_s`, as its deploy recorded them; from /metrics also `requests_running,
+requests_waiting, kv_cache_usage` (0..1), null where the engine does not say), and the lines
+only a human reads. `render(status)` turns it into text and
 `verdict(status)` into the host's result: no host is needed to test either.
 Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
 """
@@ -67,6 +69,9 @@ def gather(host, profile, ddir):
               "requests_running": None, "requests_waiting": None, "kv_cache_usage": None,
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
               "deployed": bool(server)}
+    started = st.get("startup") or {}  # the release's start, as deploy recorded it
+    record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
+                  ready_s=started.get("ready_s"))
     out = Status(record)
     gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile_devices(profile))
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
@@ -128,6 +133,9 @@ def render(status):
                        (("why", status.why), ("fix", status.fix), ("source", status.source)))]
     else:
         lines = ["not deployed"]
+    from .startup import summary
+    if r["running"] and summary(r):
+        lines.append("  " + summary(r) + f" (ready in {r['ready_s']:.1f} s)")
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
     lines += [indented(t, 2) for t in status.metric_lines]
     lines += [indented(t, 2) for t in status.supervisor_lines]

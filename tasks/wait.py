@@ -69,13 +69,17 @@ def _gpu_text(gpus):
 
 
 def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_reconnect=None,
-               gpu_probe=True, log_offset=0):
+               gpu_probe=True, log_offset=0, progress=None):
     """Block until ready (returns a dict of facts) or raise OperationFailed / NotReadyInTime.
 
     `log_offset`: where this run's lines start in server.log (a relaunched release appends).
+    `progress`: a tasks.startup.Progress, for the start-up phase and the time left.
     """
     ready_cfg = profile.ready
     timeout = ready_cfg.timeout if timeout is None else timeout
+    if progress is None:  # the phase from the engine's lines (tasks/hostside/startup.py's table)
+        from .startup import Progress
+        progress = Progress(profile.server.engine, None)
     served = profile.served_name
     scanner = LogScanner()
     state = {"offset": log_offset, "nvidia_smi": profile.gpu.nvidia_smi if gpu_probe else None,
@@ -106,16 +110,19 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
         elapsed = time.monotonic() - t0
         models = r.get("models")
         health = r.get("health")
+        progress.feed(r["log"]["text"], elapsed)
         if health == 200 and (not ready_cfg.models_path or served is None or
                               (models is not None and served in models)):
-            return {"seconds": elapsed, "models": models, "gpus": r.get("gpus")}
-        phase = scanner.phase
+            return {"seconds": elapsed, "models": models, "gpus": r.get("gpus"), "at": r.get("at")}
+        phase = progress.phase
         if health == 200:
             phase = "starting api"
             if models is not None and served not in models:
                 phase = f"serving {models}, waiting for {served!r}"
+        left = progress.left(elapsed)
+        left = "" if left is None else f", ~{left:.0f}s left"
         reporter.progress(host.name, phase,
-                          f"{phase:<12} {elapsed:6.1f}s{_gpu_text(r.get('gpus'))}")
+                          f"{phase:<12} {elapsed:6.1f}s{left}{_gpu_text(r.get('gpus'))}")
         raise NotReadyYet(phase)
 
     try:
@@ -125,7 +132,7 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
             with attempt:
                 return tick()
     except RetryError:
-        what = f"server not ready after {timeout:.0f} s (last phase: {scanner.phase})"
+        what = f"server not ready after {timeout:.0f} s (last phase: {progress.phase})"
         err = NotReadyInTime(
             f"{what}; release {server['release']} (pid {server['pid']}) is still running. Watch "
             f"it with `{fab_hint(profile, 'tail-log --follow')}`, stop it with "
@@ -136,7 +143,7 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
 
 
 def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=None,
-                     stop_on_timeout=False, log_offset=0, stale_agent=None):
+                     stop_on_timeout=False, log_offset=0, stale_agent=None, progress=None):
     """The step after a launch, for deploy and rollback alike: wait until ready, else free.
 
     A dropped connection is re-opened and the lock re-taken; if the host has not noticed
@@ -160,7 +167,7 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
 
     try:
         return wait_ready(host, profile, ddir, server, reporter, timeout=timeout,
-                          log_offset=log_offset, on_reconnect=relock)
+                          log_offset=log_offset, on_reconnect=relock, progress=progress)
     except NotReadyInTime as e:
         if not stop_on_timeout:
             raise

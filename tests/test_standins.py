@@ -38,7 +38,8 @@ def host(tmp_path, standin_env):
     fake = tmp_path / "fakegpu"
     nvidia_smi.write_gpus(str(fake), 2, uuid_seed=str(tmp_path))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STANDIN_", "CUDA_"))}
-    env.update(FAKEGPU_DIR=str(fake), STANDIN_LOAD_SECONDS="0.2")
+    env.update(FAKEGPU_DIR=str(fake), STANDIN_LOAD_SECONDS="0.2",
+               VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"))  # not this machine's ~/.cache
 
     class Host:
         python = str(standin_env / "bin" / "python3")
@@ -173,8 +174,8 @@ def test_valid_flags_are_recorded_with_vllm_types(host):
     status, body = get("http://127.0.0.1:%d/v1/models" % port)
     assert [m["id"] for m in json.loads(body)["data"]] == ["a", "b"]
     log = host.log()
-    order = ["non-default args", "Model loading took", "torch.compile takes",
-             "Available KV cache memory", "init engine", "Starting vLLM API server",
+    order = ["non-default args", "Model loading took", "torch.compile took",
+             "Available KV cache memory", "init engine", "Starting vLLM server on",
              "Application startup complete."]
     positions = [log.index(line) for line in order]
     assert positions == sorted(positions), log
@@ -461,3 +462,38 @@ def test_demo_server_runs_on_plain_python(host):
     assert "DEMO server" in log and "Application startup complete." in log
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
+
+
+def test_start_up_lines_parse_like_the_real_vllm(host):
+    """The stand-in's start-up log gives the phases the real vLLM 0.32.0's gives
+    (tests/fixtures/startup/, recorded): eager, then compile mode cold and warm."""
+    from pathlib import Path
+    from tasks.hostside import startup
+    fixtures = Path(__file__).with_name("fixtures") / "startup"
+
+    def phases(text):
+        p = startup.Parser("vllm", 0.0)
+        p.feed(text)
+        return [x["phase"] for x in startup.phases(p, 1e12) if x["phase"] != "unaccounted"], p.cache
+
+    def standin(*flags, **env):
+        port = free_port()
+        (host.cwd / "server.log").write_bytes(b"")
+        (host.cwd / "ready").unlink(missing_ok=True)
+        proc = host.start([host.python, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                           host.model, "--port", str(port), *flags], **env)
+        host.wait_ready(proc)
+        wait_for(lambda: "Application startup complete." in host.log(), 10, "uvicorn's line")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        return host.log()
+
+    cache = str(host.cwd / "vllm-cache")
+    real = {n: (fixtures / f"vllm-0.32.0-cpu-api_server-{n}.log").read_text()
+            for n in ("enforce-eager", "compile-cold", "compile-warm")}
+    assert phases(standin("--enforce-eager")) == phases(real["enforce-eager"])
+    got, real_cold = phases(standin(VLLM_CACHE_ROOT=cache)), phases(real["compile-cold"])
+    assert got[1] == real_cold[1] == "cold"
+    assert [p for p in got[0] if p != "compile"] == [p for p in real_cold[0] if p != "compile"]
+    assert "compile" in got[0] and "compile" in real_cold[0]
+    assert phases(standin(VLLM_CACHE_ROOT=cache))[1] == phases(real["compile-warm"])[1] == "warm"

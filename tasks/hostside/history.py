@@ -51,6 +51,7 @@ def op_release_list(req):
             "has_launcher": os.path.isfile(os.path.join(rdir, "launch.py")),
             "exit": read_exit(rdir, server.get("pid") if is_server else None),
             "start_failed": read_json(os.path.join(rdir, releases.FAILED_FILE)),
+            "startup": read_json(os.path.join(rdir, "startup.json")),  # hostside/startup.py
             "started_at": server.get("started_at") if is_server else None,
             "running": is_server and alive,
             "pid": server.get("pid") if is_server else None,

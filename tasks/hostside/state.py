@@ -20,5 +20,7 @@ def op_state(req):
         out["exit"] = read_exit(os.path.join(ddir, "releases", server["release"]), server["pid"])
         out["now"] = time.time()
         out["supervisor"] = supervision.read(ddir, server)
+        # the start's phases, kept by the deploy that waited for it (hostside/startup.py)
+        out["startup"] = read_json(os.path.join(ddir, "releases", server["release"], "startup.json"))
     return out
 

@@ -163,6 +163,7 @@ def op_watch(req):
     state = {"alive": alive, "health": health if isinstance(health, int) else None, "models": models}
     out.update(alive=alive, exit=read_exit(rdir, pid), log=log.result(),
                health=health if alive else None, models=models if alive else None,
-               state=state, why=why, held_s=round(time.monotonic() - t0, 3))
+               state=state, why=why, held_s=round(time.monotonic() - t0, 3),
+               at=time.time())  # the host's clock when it answered: a start's ready time
     return out
 

@@ -45,6 +45,13 @@ ENV = {
 }
 SECRET_NAMES = []
 
+# The engine's cache directory (compiled graphs), relative to the deployment directory:
+# one per engine version, shared by every release and restart of this deployment, so a
+# redeploy starts warm. Empty when the profile sets it itself or the engine has none.
+CACHE_ENV = {
+    'VLLM_CACHE_ROOT': 'cache/vllm-unknown',
+}
+
 PORT = 30000
 
 
@@ -66,6 +73,10 @@ def _environment(here):
     # Inherited by every child, even one that leaves the process group: `fab stop`
     # finds this deployment's stragglers by it.
     env["LLMFAB_RELEASE"] = here
+    deployment = os.path.dirname(os.path.dirname(here))
+    for name, rel in CACHE_ENV.items():
+        env[name] = os.path.join(deployment, rel)
+        os.makedirs(env[name], exist_ok=True)
     if SECRET_NAMES:
         with open(os.path.join(here, "secrets.json")) as f:
             secrets = json.load(f)

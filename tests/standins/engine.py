@@ -30,6 +30,9 @@ Knobs (environment variables, set by tests through the profile's [server.env]):
     STANDIN_EVENTS_FILE    append one JSON line {event, t, pid, release} there at start,
                            ready, stop and exit (fleet tests count hosts not ready)
     STANDIN_HANG           http | tokens: hang STANDIN_HANG_AFTER s (1) after ready (start_hang)
+    STANDIN_SLOW_WEIGHTS_FILE  a path on the host: if that file exists, the number in it is
+                           seconds more that loading the weights takes (one profile, a slower
+                           start later: the start-up WARN)
 
 Running this module (`python -m llmfab_standin.engine`) is the engine child.
 """
@@ -63,6 +66,7 @@ class Knobs:
         self.ignore_term = env.get("STANDIN_IGNORE_TERM") == "1"
         self.ready_file = env.get("STANDIN_READY_FILE") or None
         self.fatal_file = env.get("STANDIN_FATAL_FILE") or None
+        self.slow_weights = float(fail_from_file(env.get("STANDIN_SLOW_WEIGHTS_FILE")) or 0)
         self.accept_rate = float(env.get("STANDIN_ACCEPT_RATE", "0.62"))
         self.tokens_per_s = float(env.get("STANDIN_TOKENS_PER_S", "200"))
         cost = env.get("STANDIN_DRAFT_COST")
