@@ -4,7 +4,11 @@ Flags are checked first (exit 2, no host touched): --requests (32), --concurrenc
 --max-tokens (128) must be positive integers; --prompts is a JSONL file read here, one
 `{"prompt": "..."}` (-> /v1/completions) or `{"messages": [...]}` (-> /v1/chat/completions)
 per line; without it the shipped prompt set (tasks/workload.py: text a drafter can
-predict in part) in the order `--seed` gives (default 0). The agent then runs one warm-up
+predict in part) in the order `--seed` gives (default 0). `--random-input-len N` sends
+instead prompts of N random token ids drawn from the model's tokenizer.json on the host
+(as `vllm bench serve --dataset-name random` does), `--ignore-eos` makes every request
+generate --max-tokens tokens: with both, a workload `vllm bench serve` can repeat
+(benchmarks/vllm_bench_compare.py). The agent then runs one warm-up
 request (not measured) and the measured requests against 127.0.0.1:port, streaming, and
 snapshots /metrics right before and after the window, so the speculative-decoding numbers
 are counter deltas over the bench alone. `--compare A.json,B.json` prints two saved
@@ -111,9 +115,15 @@ def bench(c, opts):
     req = {"requests": opts.requests, "concurrency": opts.concurrency, "max_tokens": opts.max_tokens}
     if opts.temperature is not None:
         req["sampling"] = {"temperature": opts.temperature}
+    if opts.ignore_eos:
+        req.setdefault("sampling", {})["ignore_eos"] = True
     prompts = read_prompts(opts.prompts) if opts.prompts \
         else workload.prompts(seed=opts.seed, count=opts.requests + 1)
     profile = load(c, opts.profile)
+    if opts.random_input_len:
+        req.update(random_input_len=opts.random_input_len, model_dir=profile.server.model,
+                   seed=opts.seed)
+        prompts = None
     json_mode = opts.json
     from .preflight import deploy_dir
     ddir = deploy_dir(profile)
@@ -129,6 +139,9 @@ def bench(c, opts):
         port = server.get("port") or profile.server.port
         reporter.line(host.name, f"bench: {req['requests']} requests (+1 warm-up), concurrency "
                                  f"{req['concurrency']}, max_tokens {req['max_tokens']}, port {port}"
+                                 + (f", {opts.random_input_len} random input tokens"
+                                    if opts.random_input_len else "")
+                                 + (", ignore_eos" if opts.ignore_eos else "")
                                  + (f", {opts.repeat} runs" if opts.repeat > 1 else ""))
         runs = []
         for n in range(opts.repeat):

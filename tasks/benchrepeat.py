@@ -31,8 +31,9 @@ def summarize(records):
     out["errors"] = sum(r["errors"] for r in records)
     for key in MEDIAN_FIELDS:
         out[key] = _median([r[key] for r in records])
-    for key in ("ttft_ms", "itl_ms"):
-        out[key] = {q: _median([(r[key] or {}).get(q) for r in records]) for q in ("p50", "p90")}
+    for key in ("ttft_ms", "itl_ms", "tpot_ms"):
+        if any(key in r for r in records):
+            out[key] = {q: _median([(r.get(key) or {}).get(q) for r in records]) for q in ("p50", "p90")}
     specs = [r["spec"] for r in records if r.get("spec")]
     if specs:
         spec = dict(specs[-1])  # the last window's verdict and findings stand for the set

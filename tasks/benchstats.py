@@ -3,8 +3,12 @@
 The record has exactly the fields DESIGN.md fixes (JSON Lines, one per host):
 host, requests, errors, duration_s, requests_per_s, output_tokens_per_s,
 ttft_ms {p50, p90}, itl_ms {p50, p90}, spec {acceptance_rate, mean_acceptance_length,
-per_position} or null. `requests` counts measured requests (the warm-up is excluded);
-requests_per_s and output_tokens_per_s count successful requests over the window.
+per_position} or null, and tpot_ms {p50, p90} besides. `requests` counts measured requests
+(the warm-up is excluded); requests_per_s and output_tokens_per_s count successful requests
+over the window. TPOT (time per output token after the first) is vLLM's benchmark's: per
+request (latency - TTFT) / (output tokens - 1), over requests with more than one token; it
+compares with `vllm bench serve` where ITL does not (one streamed chunk carries several
+tokens under speculative decoding).
 """
 import json
 import math
@@ -16,6 +20,8 @@ from .report import Block
 
 FIELDS = ("host", "requests", "errors", "duration_s", "requests_per_s", "output_tokens_per_s",
           "ttft_ms", "itl_ms", "spec")
+# Added after DESIGN.md's fields (a saved result without them still reads for --compare).
+EXTRA_FIELDS = ("tpot_ms",)
 
 
 def percentile(values, q):
@@ -46,6 +52,13 @@ def window_spec(raw, engine):
     return metrics.spec_window(metrics.parse(after["text"]), b)
 
 
+def tpot_s(sample):
+    """(latency - TTFT) / (output tokens - 1) of one sample, None with one token or fewer."""
+    if sample["ttft_s"] is None or sample.get("latency_s") is None or sample["output_tokens"] < 2:
+        return None
+    return (sample["latency_s"] - sample["ttft_s"]) / (sample["output_tokens"] - 1)
+
+
 def record(host, raw, spec):
     """The result record of one host from the agent's raw answer."""
     samples = raw["samples"]
@@ -62,6 +75,7 @@ def record(host, raw, spec):
         "ttft_ms": _ms([s["ttft_s"] for s in ok if s["ttft_s"] is not None]),
         "itl_ms": _ms([x for s in ok for x in s["itl_s"]]),
         "spec": metrics.rounded(spec),
+        "tpot_ms": _ms([t for t in map(tpot_s, ok) if t is not None]),
     }
 
 
@@ -93,6 +107,8 @@ def human_lines(rec, engine, metrics_error=None, verdict=None):
         f"output tok/s    {_num(rec['output_tokens_per_s'], '.1f')}",
         f"TTFT ms         p50 {_num(rec['ttft_ms']['p50'], '.1f')}  p90 {_num(rec['ttft_ms']['p90'], '.1f')}",
         f"ITL ms          p50 {_num(rec['itl_ms']['p50'], '.2f')}  p90 {_num(rec['itl_ms']['p90'], '.2f')}",
+    ] + ([f"TPOT ms         p50 {_num(rec['tpot_ms']['p50'], '.2f')}  p90 {_num(rec['tpot_ms']['p90'], '.2f')}"]
+         if rec.get("tpot_ms") else []) + [
         spec_line,
     ] + list(more)
 
@@ -109,6 +125,7 @@ ROWS = (
     ("TTFT p90 ms", lambda r: r["ttft_ms"]["p90"], ".1f"),
     ("ITL p50 ms", lambda r: r["itl_ms"]["p50"], ".2f"),
     ("ITL p90 ms", lambda r: r["itl_ms"]["p90"], ".2f"),
+    ("TPOT p50 ms", lambda r: (r.get("tpot_ms") or {}).get("p50"), ".2f"),
     ("acceptance", lambda r: (r["spec"] or {}).get("acceptance_rate"), ".3f"),
     ("mean accept len", lambda r: (r["spec"] or {}).get("mean_acceptance_length"), ".2f"),
 )

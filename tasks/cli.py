@@ -165,13 +165,19 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=Fa
     "json": "print one JSON object per host on stdout",
     "compare": "print two saved --json results side by side: --compare A.json,B.json",
     "repeat": "run the bench N times; report each figure's median and spread (default 1)",
-    "seed": "the order of the shipped prompts when --prompts is not given (default 0)",
+    "seed": "the order of the shipped prompts when --prompts is not given, or the random "
+            "token ids of --random-input-len (default 0)",
     "temperature": "sampling temperature sent with every request, e.g. 0 for greedy as "
                    "`fab tune` measures (default: the server's)",
+    "random-input-len": "prompts of exactly N random token ids from the model's tokenizer.json "
+                        "on the host (vLLM's `bench serve --dataset-name random`; acceptance "
+                        "on them means nothing)",
+    "ignore-eos": "ask the server to ignore end-of-sequence: every request generates "
+                  "--max-tokens tokens (vLLM and SGLang's ignore_eos)",
 })
 def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, prompts=None,
           json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None,
-          seed=None, temperature=None):
+          seed=None, temperature=None, random_input_len=None, ignore_eos=False):
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
     return _boundary(c, "bench", locals())

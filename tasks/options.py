@@ -228,6 +228,8 @@ class BenchOptions(Common):
     repeat: int = 1  # runs of the bench; medians and spread (tasks/benchrepeat.py)
     seed: int = 0    # the order of the shipped prompts (tasks/workload.py)
     temperature: Optional[float] = None  # sent with every request; None: the server's default
+    random_input_len: Optional[int] = None  # prompts of N random token ids (vLLM's random set)
+    ignore_eos: bool = False                # every request generates max_tokens tokens
 
     @staticmethod
     def convert(flags):
@@ -244,6 +246,9 @@ class BenchOptions(Common):
             flags[key] = whole(key, flags.get(key), 1, default)
         flags["repeat"] = whole("repeat", flags.get("repeat"), 1, 1)
         flags["seed"] = whole("seed", flags.get("seed"), 0, 0)
+        flags["random_input_len"] = whole("random_input_len", flags.get("random_input_len"), 1)
+        if flags["random_input_len"] is not None and flags.get("prompts"):
+            raise UsageError("--random-input-len and --prompts exclude each other: give one")
         spec = flags.get("compare")
         if spec is not None:
             paths = tuple(p.strip() for p in str(spec).split(",") if p.strip())

@@ -65,7 +65,7 @@ def test_bench_window_acceptance_excludes_earlier_traffic(agent):
     assert before.get(metrics.DRAFTS) > 0, "counters were non-zero before the window"
     window_drafts = after.get(metrics.DRAFTS) - before.get(metrics.DRAFTS)
     rec = benchstats.record("local", raw, benchstats.window_spec(raw, "vllm"))
-    assert list(rec) == list(benchstats.FIELDS)
+    assert list(rec) == list(benchstats.FIELDS + benchstats.EXTRA_FIELDS)
     assert rec["requests"] == 12 and rec["errors"] == 0
     assert rec["spec"]["acceptance_rate"] == pytest.approx(0.62, abs=0.01)
     # 15 drafted per step, 62 % of them accepted: 1 + 0.62 * 15 tokens per step.
@@ -158,6 +158,8 @@ def fab(*args, cwd=ROOT):
     (["--max-tokens", "0"], "--max-tokens expects a positive integer"),
     (["--prompts", "/nonexistent/p.jsonl"], "--prompts: cannot read /nonexistent/p.jsonl"),
     (["--compare", "only-one.json"], "--compare expects two files"),
+    (["--random-input-len", "0"], "--random-input-len expects a positive integer"),
+    (["--random-input-len", "8", "--prompts", "p.jsonl"], "--random-input-len and --prompts exclude"),
 ])
 def test_bad_flags_exit_2_before_any_host(args, needle):
     # -H names a host that cannot resolve: had it been contacted, the exit would be 3.
@@ -190,3 +192,29 @@ def test_compare_prints_two_runs_side_by_side(tmp_path):
     bad.write_text('{"host": "h1"}\n')
     r = fab("bench", "--compare", f"{mtp},{bad}")
     assert r.returncode == 2 and "bad.json:1: not a `fab bench --json` result" in r.stderr
+
+
+def test_random_prompts_are_token_ids_of_the_model_vocabulary(tmp_path):
+    """--random-input-len: N ids each, seeded, none of them a special token, read from the
+    model's tokenizer.json on the host (here a small one in the layout of the tiny model's)."""
+    from tasks.hostside import bench as hostbench
+    from tasks.hostside.common import HostError
+    tok = {"model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(40)}},
+           "added_tokens": [{"id": 0, "content": "<unk>", "special": True},
+                            {"id": 2, "content": "</s>", "special": True},
+                            {"id": 39, "content": "word", "special": False}]}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
+    prompts = hostbench.random_prompts(str(tmp_path), 5, 300, seed=0)
+    assert len(prompts) == 5 and all(len(p["prompt"]) == 300 for p in prompts)
+    ids = {i for p in prompts for i in p["prompt"]}
+    assert ids <= set(range(40)) - {0, 2} and 39 in ids and len(ids) > 30
+    assert prompts == hostbench.random_prompts(str(tmp_path), 5, 300, seed=0)
+    assert prompts != hostbench.random_prompts(str(tmp_path), 5, 300, seed=1)
+    with pytest.raises(HostError, match="needs the model's tokenizer.json on the host"):
+        hostbench.random_prompts(str(tmp_path / "nope"), 1, 8, seed=0)
+
+
+def test_ignore_eos_and_token_id_prompts_reach_the_request_body():
+    from tasks.hostside import bench as hostbench
+    path, body = hostbench._request_for({"prompt": [5, 6, 7]}, "m", 16, {"ignore_eos": True})
+    assert path == "/v1/completions" and body["prompt"] == [5, 6, 7] and body["ignore_eos"] is True

