@@ -89,7 +89,7 @@ def push_release(host, profile, ddir, entry=DEFAULT_ENTRY, engine_version=None):
 def stop_running(host, ddir, reporter, grace=30):
     """Stop the running release exactly as `fab stop` does (tasks/stop.py), GPU check included."""
     from .stop import stop_deployment
-    return stop_deployment(host, ddir, reporter, grace=grace)
+    return stop_deployment(host, ddir, reporter, grace=grace, by="fab deploy (a new release replaces it)")
 
 
 def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None):

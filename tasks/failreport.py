@@ -36,8 +36,10 @@ def host_readings(host, profile, server, exit=None):
             return host.call("kernel_oom", pids=[pid], timeout=15).get("line")
         except AgentError:
             return None
+    def packages(names):
+        return host.call("packages", names=list(names), timeout=30)
     return Readings(profile=profile, server=server, exit=exit, gpu_procs=gpu_procs,
-                    kernel_oom=kernel_oom)
+                    kernel_oom=kernel_oom, packages=packages)
 
 
 def server_failed(scanner, host, profile, server, exit=None):
@@ -48,8 +50,11 @@ def server_failed(scanner, host, profile, server, exit=None):
 
 def explain_dead(host, profile, ddir, server, exit=None, lines=400):
     """Why a server that is not running ended (status), or None when nothing says it failed:
-    no known line and an exit status a stop gives (0, SIGTERM, or SIGKILL without the OOM
-    killer; a stopped server may log a traceback of its shutdown, so that says nothing)."""
+    it was stopped on purpose (`exit.stopped`: `fab stop`, a redeploy, a rollback; whatever it
+    printed while shutting down, e.g. vLLM 0.32's `EngineDeadError` on SIGTERM), or no known
+    line and an exit status a stop gives (0, SIGTERM, or SIGKILL without the OOM killer)."""
+    if (exit or {}).get("stopped"):
+        return None
     import base64
     from .agentclient import AgentError
     from .explain import explain

@@ -188,6 +188,9 @@ def status_metrics(host, profile, server, interval=1.0):
             out["lines"].append(f"generation: {rate:.1f} tokens/s (last {last['t'] - first['t']:.1f} s)")
     if snap1 is not None:
         ld = load(snap1)
+        out["load"] = {"requests_running": None if ld["running"] is None else int(ld["running"]),
+                       "requests_waiting": None if ld["waiting"] is None else int(ld["waiting"]),
+                       "kv_cache_usage": ld["kv_cache_usage"]}
         if ld["running"] is not None or ld["kv_cache_usage"] is not None:
             kv = "?" if ld["kv_cache_usage"] is None else f"{ld['kv_cache_usage'] * 100:.1f}%"
             out["lines"].append(f"requests: {_int(ld['running'])} running, {_int(ld['waiting'])} "

@@ -44,10 +44,14 @@ def describe_end(rec):
         rc = int(ex["returncode"])
         if rc < 0:
             try:
-                return f"killed by {signal.Signals(-rc).name}"
+                how = f"killed by {signal.Signals(-rc).name}"
             except ValueError:
-                return f"killed by signal {-rc}"
-        return f"exited {rc}"
+                how = f"killed by signal {-rc}"
+        else:
+            how = f"exited {rc}"
+        if ex.get("stopped"):  # on purpose: however it exited, it did not fail
+            return f"stopped by {ex['stopped'].get('by') or 'a stop'}: {how}"
+        return how
     if rec.get("log_bytes") is None:
         return "never started"
     return "gone (no exit record)"
@@ -212,7 +216,7 @@ def rollback_host(host, profile, opts, reporter, to=None):
     # Hints such as `fab stop --profile ...` must name the user's file, not a temporary copy.
     old = replace(old, path=profile.path)
     reporter.line(name, f"rolling back from {current} to {prev}")
-    stop_deployment(host, ddir, reporter)
+    stop_deployment(host, ddir, reporter, by="fab rollback")
     # The old release's gpu-baseline.json is from its first launch: take today's, so
     # `fab stop` waits for what the GPUs hold now without this server.
     host.call("gpu_baseline", deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,

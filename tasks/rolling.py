@@ -223,7 +223,8 @@ def deploy_rolling(c, profile, opts, size, *, deploy_one, rollback_one, on_inter
 
     def step(host, rep):
         return host_step(host, ddir=ddir, deploy_one=deploy_one, rollback_one=rollback_one,
-                         stop_one=lambda h, r: stop_deployment(h, ddir, r), reporter=rep)
+                         stop_one=lambda h, r: stop_deployment(h, ddir, r, by=None),  # a failed release: its failure stays
+                         reporter=rep)
     try:
         results, interrupted = roll(hosts, size, step, ddir=ddir, reporter=reporter,
                                     host_kwargs=host_kwargs(c, profile, opts),

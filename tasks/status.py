@@ -6,7 +6,9 @@
 `Status`: the JSON record DESIGN.md fixes (`host, running, pid, release, port, health,
 served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
 `cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
-`ready_s`, as its deploy recorded them), and the lines only a human reads. `render(status)` turns it into text and
+`ready_s`, as its deploy recorded them; from /metrics also `requests_running,
+requests_waiting, kv_cache_usage` (0..1), null where the engine does not say), and the lines
+only a human reads. `render(status)` turns it into text and
 `verdict(status)` into the host's result: no host is needed to test either.
 Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
 """
@@ -64,6 +66,7 @@ def gather(host, profile, ddir):
               "release": server.get("release"), "port": server.get("port"),
               "health": None, "served_name": None, "gpus": None, "spec": None,
               "generation_tokens_per_s": None,
+              "requests_running": None, "requests_waiting": None, "kv_cache_usage": None,
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
               "deployed": bool(server)}
     started = st.get("startup") or {}  # the release's start, as deploy recorded it
@@ -86,6 +89,7 @@ def gather(host, profile, ddir):
         from .metrics import status_metrics
         m = status_metrics(host, profile, server)
         record["spec"], record["generation_tokens_per_s"] = m["spec"], m["generation_tokens_per_s"]
+        record.update(m.get("load") or {})
         out.metric_lines = m["lines"]
         if record["spec"] is not None:  # the doctor's verdict and likely causes (tasks/doctor.py)
             from .doctor import status_verdict, with_verdict
@@ -119,6 +123,8 @@ def render(status):
     elif r["deployed"]:
         ex = r["exit"] or {}
         how = f"exited with status {ex['returncode']} at {ex['ended_at']}" if ex else "not running"
+        if ex.get("stopped"):  # on purpose (tasks/hostside/common.py STOP_FILE): not a failure
+            how = f"was stopped by {ex['stopped'].get('by')} at {ex['ended_at']} (exit status {ex['returncode']})"
         between = (r.get("supervisor") or {}).get("state")
         if between in ("backoff", "waiting-for-gpu"):
             how = f"is down; the supervisor restarts it ({between})"

@@ -16,11 +16,13 @@ from .hostside.gpu import baseline_limits
 DEFAULT_GRACE_S = 30.0
 
 
-def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=FREE_TIMEOUT_S):
-    """Stop and verify; returns the host's stop record plus `memory_s` (None when unchecked)."""
+def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=FREE_TIMEOUT_S,
+                    by="fab stop"):
+    """Stop and verify; returns the host's stop record plus `memory_s` (None when unchecked).
+    `by` is recorded in the release: a server stopped on purpose never reads as failed."""
     grace = DEFAULT_GRACE_S if grace is None else grace
     t0 = time.monotonic()
-    res = host.call("stop", deploy_dir=ddir, grace=grace, timeout=grace + 60)
+    res = host.call("stop", deploy_dir=ddir, grace=grace, by=by, timeout=grace + 60)
     res["memory_s"] = None
     name = host.name
     if res.get("supervisor_was"):  # ended before anything was signalled: no restart follows

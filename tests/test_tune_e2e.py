@@ -88,7 +88,10 @@ def test_a_sweep_over_two_hosts_skips_the_broken_variants_names_the_winner_and_p
     # the winner: the best measured tokens/s at the largest concurrency, beyond the spread
     best = max((x for x in measured if x["concurrency"] == 4), key=lambda x: x["output_tokens_per_s"])
     assert best["variant"] == "k=4", [(x["variant"], x["output_tokens_per_s"]) for x in measured]
-    assert r.returncode == 0 and "winner: k=4" in text, text
+    # k = 2 is only 8% behind by the stand-in's model: on a loaded machine their spreads may
+    # overlap, and then the honest answer is a tie that names k = 4 first
+    assert r.returncode == 0, text
+    assert "\nwinner: k=4: " in text or "\nno clear winner: k=4: " in text, text
     assert "k=4 *" in text  # the table marks it
     assert "spec-drafter-config" in text and "failed to start" in text
     # put back: h1 runs the release it ran before (the same one), h2 runs nothing

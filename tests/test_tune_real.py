@@ -18,7 +18,8 @@ import pytest
 import helpers
 import realengine
 
-pytestmark = [pytest.mark.real_engine, pytest.mark.e2e]
+# The machine-wide lock may be held by another suite's real server first: wait for it.
+pytestmark = [pytest.mark.real_engine, pytest.mark.e2e, pytest.mark.timeout(3600)]
 KEY = "server.args.speculative-config.num_speculative_tokens"
 WORKLOAD = ["--concurrency", "1", "--requests", "4", "--max-tokens", "40", "--repeat", "2"]
 

@@ -12,26 +12,28 @@ NUM = r"[\d,]+"     # vLLM prints plain ints; a comma-grouped figure is read too
 RULES = (
     Rule(
         "max-model-len-too-long", "context longer than the model allows", 84,
-        "max-model-len {asked} is more than the model's {derived_key} ({derived})",
+        "max-model-len {asked} is more than the model's {derived_key} ({derived_int})",
         "set `max-model-len = {derived_int}` in [server.args] (or, if the model really takes "
         "longer inputs, e.g. with rope scaling, [server.env] VLLM_ALLOW_LONG_MAX_MODEL_LEN = \"1\")",
         (Pattern(r"User-specified max_model_len \((?P<asked>\d+)\) is greater than the derived "
                  r"max_model_len \((?P<derived_key>[\w.]+)=(?P<derived>\d+(?:\.\d+)?)",
                  "vLLM 0.2-0.3 vllm/config.py _get_and_verify_max_len ('(KEY=N in model's config.json)'); "
                  "0.4-0.10 vllm/config.py and >= 0.11 vllm/config/model.py ('(KEY=N or model_max_length=M "
-                 "in model's config.json)', pydantic 'Value error, ...' in 0.10+)"),)),
+                 "in model's config.json)', pydantic 'Value error, ...' in 0.10+); seen in vLLM 0.32.0 "
+                 "(CPU build), which prints N as a float ('max_position_embeddings=1024.0')"),)),
     Rule(
         "kv-cache-too-small", "KV cache too small for max-model-len", 84,
         "one request of {max_len} tokens needs {need_gib} GiB of KV cache; only {avail_gib} GiB is left "
         "after the weights",
-        "set `max-model-len = {estimated_int}` in [server.args] (the most that fits), or raise "
-        "`gpu-memory-utilization` (now {gpu_util})",
+        "set `max-model-len = {estimated_int}` in [server.args] (the most that fits), or "
+        "{kv_memory_more}",
         (Pattern(r"To serve at least one request with the models?'s? max seq len \((?P<max_len>\d+)\), "
                  r"\((?P<need_gib>[\d.]+) GiB KV cache is needed, which is larger than the available "
                  r"KV cache memory \((?P<avail_gib>[\d.]+) GiB\)\. Based on the available memory, the "
                  r"estimated maximum model length is (?P<estimated>" + NUM + r")",
                  "vLLM 0.8-0.22 vllm/v1/core/kv_cache_utils.py _check_enough_kv_cache_memory "
-                 "(\"models's\" in 0.8-0.11, \"model's\" later), 0.33 v1/core/kv_cache_planning.py"),
+                 "(\"models's\" in 0.8-0.11, \"model's\" later), 0.33 v1/core/kv_cache_planning.py; seen in "
+                 "vLLM 0.32.0 (CPU build) with an explicit KV cache size (kv-cache-memory-bytes)"),
          Pattern(r"The model's max seq len \((?P<max_len>\d+)\) is larger than the maximum number of "
                  r"tokens that can be stored in KV cache \((?P<estimated>" + NUM + r")\)",
                  "vLLM 0.1x-0.7 vllm/worker/worker.py raise_if_cache_size_invalid (no GiB figures)"))),
@@ -39,10 +41,10 @@ RULES = (
         "no-kv-cache-memory", "no memory left for the KV cache", 83,
         "the weights (and activations) filled the memory the engine may use; nothing is left for "
         "the KV cache",
-        "raise `gpu-memory-utilization` (now {gpu_util}; at most ~0.95), or use more GPUs "
-        "(`tensor-parallel-size`), a quantized model, or a smaller `max-num-seqs`",
+        "{no_kv_fix}",
         (Pattern(r"No available memory for the cache blocks",
-                 "vLLM 0.4-0.33 vllm/v1/core/kv_cache_utils.py (earlier vllm/worker/worker.py)"),
+                 "vLLM 0.4-0.33 vllm/v1/core/kv_cache_utils.py (earlier vllm/worker/worker.py); seen in "
+                 "vLLM 0.32.0 (CPU build) with VLLM_CPU_KVCACHE_SPACE=0"),
          Pattern(r"Not enough memory\. Please try to increase --mem-fraction-static\.?"
                  r"(?: Current value: mem_fraction_static=(?P<mem_fraction>[\d.]+))?",
                  "SGLang 0.3-0.4 srt/model_executor/model_runner.py; 0.5 srt/mem_cache/pool_configurator.py "
@@ -91,7 +93,8 @@ RULES = (
         "in the model's config.json",
         (Pattern(r"Model architectures (?P<archs>\[[^\]]*\]) are not supported for now",
                  "vLLM 0.1-0.33 vllm/model_executor/models/registry.py _raise_for_unsupported "
-                 "(earlier vllm/model_executor/model_loader.py)"),
+                 "(earlier vllm/model_executor/model_loader.py); seen in vLLM 0.32.0 (CPU build), as "
+                 "a pydantic 'Value error, ...' for ModelConfig"),
          Pattern(r"Model architectures (?P<archs>\[[^\]]*\]) failed to be inspected",
                  "vLLM 0.8-0.33 vllm/model_executor/models/registry.py (import of the model file failed)",
                  fix="the engine failed to import its model code for {archs}: look at the lines above it "
@@ -129,6 +132,25 @@ RULES = (
         "set [server.env] VLLM_USE_V2_MODEL_RUNNER = \"1\"",
         (Pattern(r"DFlash drafters with mixed sliding/full attention require the V2 model runner",
                  "vLLM >= 0.26 vllm/model_executor/models/qwen3_dflash.py _resolve_layer_attention"),)),
+    Rule(
+        "engine-metadata-missing", "engine build cannot read its own version", 86,
+        "the engine's entry point asked importlib.metadata for the distribution `{dist}`, which is not "
+        "installed under that name (a build of it installed as another distribution, e.g. vllm-cpu)",
+        "start it through `python -m vllm.entrypoints.openai.api_server --model MODEL ...`, which does "
+        "not ask: with `engine = \"vllm\"` llmfab does this for such builds (`fab check` names the "
+        "build); in a `command` server, replace `vllm serve MODEL` or `-m vllm.entrypoints.cli.main "
+        "serve MODEL` with it",
+        (Pattern(r"PackageNotFoundError: No package metadata was found for (?P<dist>vllm)\b",
+                 "vLLM 0.32.0 (CPU build) vllm/entrypoints/cli/main.py (importlib.metadata.version(\"vllm\") "
+                 "for a distribution named vllm-cpu); seen in vLLM 0.32.0 (CPU build)"),)),
+    Rule(
+        "worker-died", "engine worker killed by a signal", 66,
+        "the engine's worker process {worker} was killed by {signal_name}{signal_meaning}",
+        "{worker_fix}",
+        (Pattern(r"Worker proc (?P<worker>\S+) died unexpectedly \(exit code: (?P<code>-\d+)\)",
+                 "vLLM 0.9-0.33 vllm/v1/executor/multiproc_executor.py monitor_workers (a negative exit "
+                 "code is a signal; 0 or 1 follows another error and says nothing); seen in vLLM 0.32.0 "
+                 "(CPU build): -4 on the first request with the default bfloat16"),)),
     Rule(
         "engine-init-failed", "engine start failed (wrapper)", 12,
         "the engine failed to start: {inner}",

@@ -18,7 +18,9 @@ RULES = (
                  r"made to start a new process before the current process has finished its "
                  r"bootstrapping phase",
                  "CPython 3.4-3.14 Lib/multiprocessing/spawn.py _check_not_importing_main (the message "
-                 "starts on the line after 'RuntimeError:'; 3.12+ adds 'To fix this issue, refer to ...')"),)),
+                 "starts on the line after 'RuntimeError:'; 3.12+ adds 'To fix this issue, refer to ...'); seen in "
+                 "vLLM 0.32.0 (CPU build), whose CPU platform starts its engine with spawn, under a "
+                 "launcher that calls the API server's main() at import"),)),
     Rule(
         "unrecognized-arguments", "unknown flag", 85,
         "the engine does not know {args}",
@@ -26,7 +28,8 @@ RULES = (
         "`--help` lists the flags it has)",
         (Pattern(PROG + r"unrecognized arguments: (?P<args>.+)$",
                  "CPython 3.x Lib/argparse.py parse_args ('unrecognized arguments: %s'); vLLM's "
-                 "FlexibleArgumentParser and SGLang keep it"),)),
+                 "FlexibleArgumentParser and SGLang keep it; seen in vLLM 0.32.0 (CPU build) as "
+                 "'api_server.py: error: ...' (its positional model_tag takes a flag's value)"),)),
     Rule(
         "argparse-error", "the engine rejected its arguments", 80,
         "{prog} rejected its arguments: {message}",
@@ -39,6 +42,21 @@ RULES = (
                      "(llmfab renders it as compact JSON, no shell in between)"),
          Pattern(PROG + r"(?P<message>.+)$",
                  "CPython 3.x Lib/argparse.py ArgumentParser.error ('%(prog)s: error: %(message)s', exit 2)"))),
+    Rule(
+        "torch-package-mismatch", "a torch extension package built for another torch", 87,
+        "{package} cannot load against this environment's torch{torch_have}: it was built for "
+        "another one{torch_wanted}",
+        "{torch_package_fix}",
+        (Pattern(r"operator (?P<package>torchvision|torchaudio|torchcodec)::\w+ does not exist",
+                 "torchvision 0.1x-0.2x torchvision/_meta_registrations.py (its C++ operators never "
+                 "registered: the extension failed to load); seen in vLLM 0.32.0 (CPU build) with "
+                 "PyPI's CUDA torchvision 0.28.0 beside torch 2.13.0+cpu, imported by transformers"),
+         Pattern(r"Could not load this library: \S*/(?P<package>torchaudio|torchvision|torchcodec)/\S+\.so",
+                 "torchaudio 2.x torchaudio/_extension/utils.py (after torchvision was removed, in the "
+                 "same install)"),
+         Pattern(r"(?P<lib>lib(?:c10|torch)_cuda\.so): cannot open shared object file",
+                 "the dynamic loader's error for a CUDA build of an extension package beside a CPU "
+                 "torch (e.g. torchvision's _C.so or image.so needs libc10_cuda.so)"))),
     Rule(
         "cuda-oom", "CUDA out of memory", 70,
         "the GPU ran out of memory{alloc_text}",
@@ -67,7 +85,8 @@ RULES = (
          Pattern(r"ZMQError: Address already in use(?: \(addr='(?P<zmq_addr>[^']*)'\))?",
                  "pyzmq 22-26 zmq/error.py ZMQError (23+ adds the address); vLLM's engine sockets"),
          Pattern(r"\[Errno 98\] Address already in use",
-                 "CPython 3.x OSError for EADDRINUSE on Linux (vLLM's create_server_socket bind)"))),
+                 "CPython 3.x OSError for EADDRINUSE on Linux (vLLM's create_server_socket bind; the "
+                 "port is not in the line: the cause names the profile's); seen in vLLM 0.32.0 (CPU build)"))),
     Rule(
         "nccl-error", "NCCL/Gloo communication failed", 60,
         "the GPUs' collective communication failed: {detail}",
@@ -95,7 +114,7 @@ RULES = (
                  "transformers 4.3x-4.5x src/transformers/utils/hub.py (second line of the gated OSError)",
                  after=r"You are trying to access a gated repo"))),
     Rule(
-        "hf-repo-not-found", "model not found (local path or Hub id)", 80,
+        "hf-repo-not-found", "model not found on the Hub", 80,
         "{model} is neither a directory on the host nor a model id the Hub has",
         "check `server.model` (now {profile_model}): an absolute path that exists on the host, or a "
         "Hub id spelled `org/name`; for a private repo set [server.env] HF_TOKEN = {{ from_env = \"HF_TOKEN\" }}",
@@ -103,7 +122,19 @@ RULES = (
                  r"listed on",
                  "transformers 4.x src/transformers/utils/hub.py cached_files (OSError)"),
          Pattern(r"Repository Not Found for url: (?P<model>\S+?)\.?$",
-                 "huggingface_hub 0.1x-1.x huggingface_hub/utils/_http.py (RepositoryNotFoundError)"),
+                 "huggingface_hub 0.1x-1.x huggingface_hub/utils/_http.py (RepositoryNotFoundError)"))),
+    Rule(
+        "model-not-found", "model is neither a directory nor a Hub id", 79,
+        "{model} is not a directory on the host, and not a Hugging Face Hub id either (the engine "
+        "tried it as one)",
+        "{model_fix}",
+        (Pattern(r"Repo id must be in the form 'repo_name' or 'namespace/repo_name': '(?P<model>[^']*)'",
+                 "huggingface_hub 0.2x-1.x huggingface_hub/utils/_validators.py validate_repo_id "
+                 "(HFValidationError, then transformers' OSError with the same text); seen in vLLM 0.32.0 "
+                 "(CPU build) for a model path that does not exist"),
+         Pattern(r"Repo id must use alphanumeric chars.*: '(?P<model>[^']*)'\.?$",
+                 "huggingface_hub 0.2x-1.x huggingface_hub/utils/_validators.py validate_repo_id "
+                 "(a relative path with one '/', or spaces)"),
          Pattern(r"Invalid repository ID or local directory specified: '(?P<model>[^']*)'",
-                 "vLLM 0.9-0.33 vllm/transformers_utils/config.py get_config"))),
+                 "vLLM 0.9-0.33 vllm/transformers_utils/config.py get_config (wraps the hub's error)"))),
 )

@@ -87,6 +87,26 @@ def read_json(path, default=None):
         return default
 
 
+# A release's end as the reaper (or the supervisor) records it, and the stop that caused it:
+# whoever stops a server on purpose (`fab stop`, a redeploy, a rollback) writes STOP_FILE
+# into its release first, so what the server prints while it shuts down (vLLM 0.32 can log
+# `EngineDeadError` on SIGTERM) is never read as a failure. Keyed by the server's pid: a
+# later run of the same release (rollback relaunches it) is not covered by an old stop.
+EXIT_FILE, STOP_FILE = "exit.json", "stopped.json"
+
+
+def read_exit(rdir, pid=None):
+    """exit.json of the release directory `rdir` (None while it runs or if it never ran), with
+    `stopped` = the stop record when the run of `pid` (default: any) was stopped on purpose."""
+    ex = read_json(os.path.join(rdir, EXIT_FILE))
+    if ex is None:
+        return None
+    stop = read_json(os.path.join(rdir, STOP_FILE))
+    if stop and (pid is None or stop.get("pid") in (None, pid)):
+        ex["stopped"] = stop
+    return ex
+
+
 def write_atomically(path, data, mode=0o644):
     """Replace `path` with `data` (bytes or text) in one rename: a reader sees the old file or
     the new one, never half of one. The file gets exactly `mode` whatever the umask; on a

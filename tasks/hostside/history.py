@@ -9,7 +9,7 @@ import hashlib
 import os
 
 from . import launch, releases
-from .common import HostError, expand, pid_alive, read_json
+from .common import EXIT_FILE, STOP_FILE, HostError, expand, pid_alive, read_exit, read_json
 from .logs import resolve
 
 PROFILE_MAX_BYTES = 1 << 20
@@ -49,7 +49,7 @@ def op_release_list(req):
             "profile_sha256": _sha256(os.path.join(rdir, "profile.toml")),
             "log_bytes": _size(os.path.join(rdir, "server.log")),
             "has_launcher": os.path.isfile(os.path.join(rdir, "launch.py")),
-            "exit": read_json(os.path.join(rdir, "exit.json")),
+            "exit": read_exit(rdir, server.get("pid") if is_server else None),
             "start_failed": read_json(os.path.join(rdir, releases.FAILED_FILE)),
             "startup": read_json(os.path.join(rdir, "startup.json")),  # hostside/startup.py
             "started_at": server.get("started_at") if is_server else None,
@@ -85,7 +85,8 @@ def op_relaunch(req):
     """Run an existing release's launch.py again and point `current` at it; never prunes.
 
     Refuses while this deployment's server still runs (stop it first). A previous
-    exit.json is kept as exit.prev.json so the new run's end is recorded afresh.
+    exit.json is kept as exit.prev.json so the new run's end is recorded afresh (and the
+    stop record of the last run, stopped.json, as stopped.prev.json).
     """
     ddir = expand(req["deploy_dir"])
     release, log = resolve(ddir, req["release"])
@@ -97,9 +98,9 @@ def op_relaunch(req):
     if not os.path.isfile(os.path.join(rdir, "launch.py")):
         raise HostError("%s/launch.py is missing: this release cannot be relaunched" % rdir,
                         kind="launch_failed")
-    exit_path = os.path.join(rdir, "exit.json")
-    if os.path.exists(exit_path):
-        os.replace(exit_path, os.path.join(rdir, "exit.prev.json"))
+    for name in (EXIT_FILE, STOP_FILE):
+        if os.path.exists(os.path.join(rdir, name)):
+            os.replace(os.path.join(rdir, name), os.path.join(rdir, name.replace(".json", ".prev.json")))
     offset = _size(log) or 0  # this run's lines start here: the log is appended to
     out = launch.op_launch({"deploy_dir": ddir, "release": release,
                               "python": req.get("python"), "keep": 1 << 30})

@@ -34,6 +34,8 @@ OPS = {
     "log_tail": OpInfo("logs", "op_log_tail", "the last lines of a release's log (optionally grep'd)"),
     "log_read": OpInfo("logs", "op_log_read", "a release's log from an offset, waiting a while for more"),
     "kernel_oom": OpInfo("oomkill", "op_kernel_oom", "the kernel's OOM-killer lines (dmesg)"),
+    "packages": OpInfo("pkginfo", "op_packages", "installed versions, and the torch each package "
+                                                 "needs, in the server's environment"),
     "spec_evidence": OpInfo("speclog", "op_spec_evidence", "the doctor's view of a release in one request"),
     "startup": OpInfo("startup", "op_startup", "a ready start's phases from its log, kept as startup.json, "
                                                "with the previous start of the profile"),

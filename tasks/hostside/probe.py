@@ -4,7 +4,7 @@ import json
 import os
 
 from . import gpu
-from .common import cmdline, expand, fd_targets, pid_alive, pids, read_json
+from .common import cmdline, expand, fd_targets, pid_alive, pids, read_exit, read_json
 
 LOG_CHUNK = 256 * 1024
 # [server] host values that mean every interface: anyone who reaches the host reaches the
@@ -134,7 +134,7 @@ def op_poll(req):
     release = req["release"]
     rdir = os.path.join(ddir, "releases", release)
     pid = req["pid"]
-    out = {"alive": pid_alive(pid), "exit": read_json(os.path.join(rdir, "exit.json"))}
+    out = {"alive": pid_alive(pid), "exit": read_exit(rdir, pid)}
     out["log"] = read_log(os.path.join(rdir, "server.log"), req.get("log_offset", 0))
     host = probe_host(req.get("host", "127.0.0.1"))
     out["health"] = out["models"] = None

@@ -13,7 +13,8 @@ import signal
 import time
 
 from . import gpu, gpuprocs, supervision
-from .common import cmdline, expand, group_members, kill_each, pid_alive, pids_marked, read_json
+from .common import (STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive, pids_marked,
+                     read_json, utc_iso, write_json)
 
 MARKER = b"LLMFAB_RELEASE="
 KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA process
@@ -64,13 +65,25 @@ def ours(ddir, pgid):
     return pids, None
 
 
-def stop(ddir, grace):
-    """TERM the group and every marked process, wait `grace` s, then KILL whatever is left."""
+def mark_stopped(ddir, server, by):
+    """Record in the release that its server is being stopped on purpose, by `by` (common.py
+    STOP_FILE): however it then exits, and whatever it prints meanwhile, it did not fail."""
+    rdir = os.path.join(ddir, "releases", server.get("release") or "")
+    if server.get("release") and os.path.isdir(rdir):
+        write_json(os.path.join(rdir, STOP_FILE), {"by": by, "pid": server.get("pid"), "at": utc_iso()})
+
+
+def stop(ddir, grace, by=None):
+    """TERM the group and every marked process, wait `grace` s, then KILL whatever is left.
+    `by` (e.g. "fab stop") records the stop in the release first; None when the server is
+    stopped because it failed (its failure stays its explanation)."""
     server = read_json(os.path.join(ddir, "server.json")) or {}
     targets, pgid = ours(ddir, server.get("pgid"))
     if not targets:
         return {"already_stopped": True, "server": server or None, "terminated": [], "killed": [],
                 "survivors": []}
+    if by:
+        mark_stopped(ddir, server, by)
     names = {p: cmdline(p) for p in targets}
     t0 = time.monotonic()
     _signal(sorted(targets), pgid, signal.SIGTERM)
@@ -153,7 +166,7 @@ def op_stop(req):
     before = None
     if base and base.get("gpus") and ours(ddir, (server or {}).get("pgid"))[0]:
         before = gpu.read_gpus(base.get("nvidia_smi") or "nvidia-smi")  # for the "8123 -> 3 MiB" lines
-    out = stop(ddir, float(req.get("grace", 30)))
+    out = stop(ddir, float(req.get("grace", 30)), req.get("by", "fab stop"))
     out["supervisor_was"] = supervised
     out["baseline"] = base
     out["gpus_before"] = before

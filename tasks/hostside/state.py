@@ -4,7 +4,7 @@ import os
 import time
 
 from . import supervision
-from .common import expand, pid_alive, read_json
+from .common import expand, pid_alive, read_exit, read_json
 from .releases import current_release
 
 
@@ -17,7 +17,7 @@ def op_state(req):
            "current": current, "alive": False, "exit": None}
     if server:
         out["alive"] = pid_alive(server["pid"])
-        out["exit"] = read_json(os.path.join(ddir, "releases", server["release"], "exit.json"))
+        out["exit"] = read_exit(os.path.join(ddir, "releases", server["release"]), server["pid"])
         out["now"] = time.time()
         out["supervisor"] = supervision.read(ddir, server)
         # the start's phases, kept by the deploy that waited for it (hostside/startup.py)

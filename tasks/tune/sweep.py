@@ -132,7 +132,7 @@ class Sweep:
                     return
                 t0 = time.monotonic()
                 try:
-                    self._record(self.measure(host, *item))
+                    self.measure(host, *item)
                 except (HostUnreachable, ConnectionLost) as e:
                     with self._lock:
                         self.todo.insert(0, item)  # another host takes it
@@ -150,7 +150,8 @@ class Sweep:
                 host.close()
 
     def measure(self, host, variant, concurrencies):
-        """The records of one variant on one host (tasks/tune/results.py)."""
+        """Measure one variant on one host; its records (tasks/tune/results.py) are written
+        before the stop, so a stop that fails loses nothing measured."""
         from ..bench import measure_once
         from ..deploy import deploy_host
         from ..options import DeployOptions
@@ -173,13 +174,13 @@ class Sweep:
             first = fails[0] if fails else {"check": "preflight", "message": e.message}
             finding = first.get("finding") or {"rule": first["check"], "message": first["message"]}
             self.say(name, variant, f"skipped: preflight FAIL: {finding.get('rule')}")
-            return skipped("skipped", {"finding": finding})
+            return self._record(skipped("skipped", {"finding": finding}))
         except OperationFailed as e:
             fatal = getattr(e, "fatal", None)
             release = (getattr(e, "server", None) or {}).get("release")
             self.say(name, variant, "failed to start" + (f": {fatal['rule']}" if fatal else ""))
             why = {"fatal": fatal} if fatal else {"error": e.message.splitlines()[0]}
-            return skipped("failed", why, release)
+            return self._record(skipped("failed", why, release))
         release = res.data["release"]
         out = []
         try:
@@ -203,9 +204,9 @@ class Sweep:
             done = {r["concurrency"] for r in out}
             out += [r for r in skipped("failed", {"error": e.message.splitlines()[0]}, release)
                     if r["concurrency"] not in done]
+        self._record(out)
         self.say(name, variant, "stop")
         stop_deployment(host, ddir, log)
-        return out
 
 
 def clock(seconds):

