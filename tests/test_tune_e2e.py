@@ -53,7 +53,9 @@ def alive_release(lab, host, name):
 
 def test_a_sweep_over_two_hosts_skips_the_broken_variants_names_the_winner_and_puts_back(lab, tmp_path):
     name = "tune-sweep"
-    base = base_profile(lab, name, 18810)
+    # 60 tokens/s: a step takes 17-30 ms, so the stand-in's own overhead per step (~1 ms, more
+    # on a loaded machine), which favours large k, stays small against the cost model
+    base = base_profile(lab, name, 18810, tokens_per_s=60)
     drafter = lab.model_dir("tune-bad-drafter", architectures=["DFlashDraftModel"], block_size=16,
                             dflash_config={"target_layer_ids": [1, 2]})
     doctor_fail = side_profile(lab, base, "tune-doctor-fail", [
