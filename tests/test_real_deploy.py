@@ -29,7 +29,7 @@ from lab import REPO, HostLab, wait_for
 
 # Each step may wait for the machine-wide lock (another suite's real server) and for a start
 # of the engine on a loaded machine: more than the suite's default 300 s.
-pytestmark = [pytest.mark.e2e, pytest.mark.real_engine, pytest.mark.timeout(3000)]
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine, pytest.mark.timeout(1200)]
 
 NAME = "real-tiny"
 PORT = 18100  # configs/cpu-tiny.toml's, inside the lab host's own network namespace
