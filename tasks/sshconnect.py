@@ -156,12 +156,29 @@ def _seconds(t):
 class SharedConfigConnection(Connection):
     """A fabric.Connection that never writes into its config.
 
-    Fabric's Connection.__init__ assigns `inline_ssh_env`, which is no attribute of its
-    class, so the assignment is a write into the config, and every write re-merges that
-    config from nothing. The config is the one every host's thread shares: a host's thread
-    then read it half-built ("No attribute or config key found for 'user'", once in ~80
-    deploys to 8 hosts). A class attribute keeps the assignment on the connection."""
+    The config is the one every host's thread shares, and Fabric's Connection.__init__
+    wrote into it twice: it assigns `inline_ssh_env`, no attribute of its class, and
+    resolve_connect_kwargs adds `key_filename` to the config's own connect_kwargs when the
+    caller gives none. Every write re-merges the config from nothing, and another host's
+    thread then read it half-built ("No attribute or config key found for 'user'", in ~1 of
+    80 deploys to 8 or 16 hosts); the key files of one host's IdentityFile also piled up in
+    the next host's list. Here `inline_ssh_env` is a class attribute and the connect
+    arguments a new dict."""
     inline_ssh_env = None
+
+    def resolve_connect_kwargs(self, connect_kwargs):
+        """Fabric's result (key files: the config's, the caller's, then ssh_config's
+        IdentityFile), as a new dict."""
+        config_kwargs = self.config.connect_kwargs
+        kwargs = dict(connect_kwargs or config_kwargs)
+        keys = []
+        for value in (config_kwargs.get("key_filename", []),
+                      (connect_kwargs or {}).get("key_filename", []),
+                      self.ssh_config.get("identityfile", [])):
+            keys += [value] if isinstance(value, str) else list(value)
+        if keys:
+            kwargs["key_filename"] = keys
+        return kwargs
 
 
 def connection(name, config):
