@@ -70,10 +70,14 @@ def engine_version(checks):
     return None
 
 
+MIN_RATE_BASE_S = 5.0  # below this much of the previous start, no speed ratio is trusted
+
+
 class Progress:
     """The phase a start is in and, given the previous start of the same profile and engine
     version, the time left: what that start took from the end of the phase just finished
-    to ready, less what has passed since this one finished it."""
+    to ready, less what has passed since this one finished it, scaled by how fast this start
+    has been so far against that one (a busier host is slower in every phase alike)."""
 
     def __init__(self, engine, previous, version=None):
         self.parser = Parser(engine or "command", 0.0, version)
@@ -104,7 +108,9 @@ class Progress:
         for p in prev["phases"]:
             ends[p["phase"]] = p["at"]
         if self.last_done in ends:
-            return max(0.0, total - ends[self.last_done] - (elapsed - self.done_at[self.last_done]))
+            done, before = self.done_at[self.last_done], ends[self.last_done]
+            rate = done / before if before >= MIN_RATE_BASE_S and done > 0 else 1.0
+            return max(0.0, (total - before) * rate - (elapsed - done))
         return max(0.0, total - elapsed)
 
 

@@ -110,6 +110,12 @@ def tiny_model(kind="target"):
 
 @contextlib.contextmanager
 def _flock(path):
+    if os.environ.get("LLMFAB_REAL_ENGINE_LOCK_HELD") == str(path):
+        # a caller that holds the lock for a whole run (`flock LOCK env
+        # LLMFAB_REAL_ENGINE_LOCK_HELD=LOCK pytest ...; python benchmarks/...`) runs its tests and
+        # benchmarks in one turn instead of queueing for each
+        yield
+        return
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

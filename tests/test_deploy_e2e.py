@@ -173,7 +173,8 @@ def test_malformed_profile_exits_2_naming_the_key_and_touches_no_host(lab, hosts
     assert lab.sshd_log("h1").count("Accepted publickey") == before
 
 
-TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "releases", "rollback", "status", "stop", "tail-log", "targets"]
+TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "releases", "rollback", "status", "stop", "tail-log", "targets",
+         "tune"]
 
 
 def test_fab_list_shows_every_task_with_a_summary():

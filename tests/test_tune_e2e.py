@@ -3,7 +3,9 @@
 The stand-in drafts with acceptance falling by position (STANDIN_ACCEPT_FALLS: position i
 accepted in 0.7 ** (i + 1) of the steps) and each drafted token costs 0.1 of a target step
 (STANDIN_DRAFT_COST), so tokens/s depends on k and k = 4 is fastest (1.98 tokens per step
-unit against 1.83 for k = 2, 1.78 for k = 8, 1.55 for k = 1, 1 without speculation).
+unit against 1.83 for k = 2, 1.78 for k = 8, 1.55 for k = 1, 1 without speculation). The
+sweep measures k = 1, 4, 8: the winner leads by 11% or more, beyond the noise of a loaded
+2-core machine.
 """
 import json
 import signal
@@ -62,21 +64,21 @@ def test_a_sweep_over_two_hosts_skips_the_broken_variants_names_the_winner_and_p
     before = alive_release(lab, "h1", name)
     assert before and alive_release(lab, "h2", name) is None
     out = tmp_path / "sweep"
-    r = helpers.fab(lab, "-H", "h1,h2", "tune", "--vary", f"{KEY}=1,2,4,8", "--baseline",
+    r = helpers.fab(lab, "-H", "h1,h2", "tune", "--vary", f"{KEY}=1,4,8", "--baseline",
                     "--profiles", f"{doctor_fail},{start_fail}", "--concurrency", "1,4",
                     "--requests", "8", "--max-tokens", "64", "--repeat", "2", "--out", str(out),
                     profile=base, timeout=400)
     text = r.stdout + r.stderr
     recs = records(out)
     by = {(x["variant"], x["concurrency"]): x for x in recs}
-    assert len(recs) == 7 * 2, text
+    assert len(recs) == 6 * 2, text
     # the doctor's FAIL skips its variant, with its finding; the start failure has its fatal
     skipped = by[("tune-doctor-fail", 4)]
     assert skipped["status"] == "skipped" and skipped["finding"]["rule"] == "spec-drafter-config", skipped
     failed = by[("tune-start-fail", 4)]
     assert failed["status"] == "failed" and failed["fatal"]["rule"] in ("cuda-oom", "model-load-oom"), failed
     measured = [x for x in recs if x["status"] == "measured"]
-    assert {x["variant"] for x in measured} == {"k=1", "k=2", "k=4", "k=8", "baseline"}
+    assert {x["variant"] for x in measured} == {"k=1", "k=4", "k=8", "baseline"}
     assert {x["host"] for x in recs} == {"h1", "h2"}, "the hosts share the variants"
     for x in measured:
         assert x["repeats"] == 2 and x["spread"]["output_tokens_per_s"]["min"] <= \
@@ -88,7 +90,7 @@ def test_a_sweep_over_two_hosts_skips_the_broken_variants_names_the_winner_and_p
     # the winner: the best measured tokens/s at the largest concurrency, beyond the spread
     best = max((x for x in measured if x["concurrency"] == 4), key=lambda x: x["output_tokens_per_s"])
     assert best["variant"] == "k=4", [(x["variant"], x["output_tokens_per_s"]) for x in measured]
-    assert r.returncode == 0 and "winner: k=4" in text, text
+    assert r.returncode == 0 and "\nwinner: k=4: " in text, text
     assert "k=4 *" in text  # the table marks it
     assert "spec-drafter-config" in text and "failed to start" in text
     # put back: h1 runs the release it ran before (the same one), h2 runs nothing
@@ -102,20 +104,20 @@ def test_a_sweep_over_two_hosts_skips_the_broken_variants_names_the_winner_and_p
     assert (out / "report.html").read_text().count("<svg") == 2
     helpers.fab(lab, "stop", "-H", "h1", profile=base)
 
-    # --resume measures only what results.jsonl lacks: keep k=1 and k=2, drop the rest
-    kept = [x for x in recs if x["variant"] in ("k=1", "k=2")]
+    # --resume measures only what results.jsonl lacks: keep k=1 and k=4, drop the rest
+    kept = [x for x in recs if x["variant"] in ("k=1", "k=4")]
     (out / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in kept))
     rels = {h: len(helpers.releases(lab, h, name)) for h in ("h1", "h2")}
-    r2 = helpers.fab(lab, "-H", "h1,h2", "tune", "--vary", f"{KEY}=1,2,4,8", "--baseline",
+    r2 = helpers.fab(lab, "-H", "h1,h2", "tune", "--vary", f"{KEY}=1,4,8", "--baseline",
                      "--profiles", f"{doctor_fail},{start_fail}", "--concurrency", "1,4",
                      "--requests", "8", "--max-tokens", "64", "--repeat", "2", "--resume", str(out),
                      profile=base, timeout=400)
-    assert "resuming: 2 of 7 variants already measured" in r2.stdout, r2.stdout + r2.stderr
+    assert "resuming: 2 of 6 variants already measured" in r2.stdout, r2.stdout + r2.stderr
     again = records(out)[len(kept):]
-    assert {x["variant"] for x in again} == {"k=4", "k=8", "baseline", "tune-doctor-fail",
+    assert {x["variant"] for x in again} == {"k=8", "baseline", "tune-doctor-fail",
                                              "tune-start-fail"}
     new = sum(len(helpers.releases(lab, h, name)) - rels[h] for h in ("h1", "h2"))
-    assert new == 4, "k=4, k=8, baseline and the start failure: one new release each"
+    assert new == 3, "k=8, baseline and the start failure: one new release each"
 
 
 def test_ctrl_c_mid_sweep_restores_the_previous_release_and_exits_130(lab, tmp_path):

@@ -5,7 +5,8 @@ drafter, draft_model with a different random drafter (same tokenizer, other weig
 random drafter's position-0 acceptance is 0, so the doctor's verdict over the bench window is
 `broken` and it can never win; the winner's figure is the best of the rest. With
 `--keep winner` the sweep ends by deploying `<stem>.tuned.toml` (the deploy path of
-`fab deploy`), and `fab bench` with the same workload (shipped prompts, seed 0, greedy)
+`fab deploy`), and `fab bench` with the same workload (shipped prompts, seed 0, greedy,
+every request max_tokens long)
 reproduces the winner's acceptance exactly and its tokens/s.
 
 Small on purpose (the whole CI has 45 minutes): one concurrency, 4 requests of 40 tokens,
@@ -19,7 +20,7 @@ import helpers
 import realengine
 
 # The machine-wide lock may be held by another suite's real server first: wait for it.
-pytestmark = [pytest.mark.real_engine, pytest.mark.e2e, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.real_engine, pytest.mark.e2e, pytest.mark.timeout(3600)]
 KEY = "server.args.speculative-config.num_speculative_tokens"
 WORKLOAD = ["--concurrency", "1", "--requests", "4", "--max-tokens", "40", "--repeat", "2"]
 
@@ -74,7 +75,7 @@ def test_tune_on_the_real_engine_finds_a_winner_and_never_the_random_drafter(
             # the tuned profile runs now (--keep winner deployed it); the same workload again
             bench = helpers.fab(lab, "bench", "--json", "--requests", "4", "--concurrency", "1",
                                 "--max-tokens", "40", "--repeat", "2", "--seed", "0",
-                                "--temperature", "0", profile=tuned, timeout=300)
+                                "--temperature", "0", "--ignore-eos", profile=tuned, timeout=300)
             again = json.loads(bench.stdout.splitlines()[-1])
             print("winner", best["variant"], best["output_tokens_per_s"], best["spread"],
                   "reproduced", again["output_tokens_per_s"], again["repeat"]["spread"])

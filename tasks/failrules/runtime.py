@@ -18,7 +18,9 @@ RULES = (
                  r"made to start a new process before the current process has finished its "
                  r"bootstrapping phase",
                  "CPython 3.4-3.14 Lib/multiprocessing/spawn.py _check_not_importing_main (the message "
-                 "starts on the line after 'RuntimeError:'; 3.12+ adds 'To fix this issue, refer to ...')"),)),
+                 "starts on the line after 'RuntimeError:'; 3.12+ adds 'To fix this issue, refer to ...'); seen in "
+                 "vLLM 0.32.0 (CPU build), whose CPU platform starts its engine with spawn, under a "
+                 "launcher that calls the API server's main() at import"),)),
     Rule(
         "unrecognized-arguments", "unknown flag", 85,
         "the engine does not know {args}",

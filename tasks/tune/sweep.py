@@ -55,15 +55,21 @@ class SweepHost(Host):
 class Workload:
     """What every variant is measured with: concurrencies, requests, max_tokens, repeat, and
     the seeded prompts (tasks/workload.py), sent greedy (temperature 0) so each variant
-    generates the same text and acceptance compares like with like."""
+    generates the same text and acceptance compares like with like. vLLM and SGLang are also
+    asked to ignore end-of-sequence (`ignore_eos`, both servers' own request field, as
+    `vllm bench serve --ignore-eos` does): every request yields max_tokens, so each variant
+    generates as much and its drafts are enough for the doctor's verdict."""
 
-    def __init__(self, concurrency, requests, max_tokens, repeat, prompts):
+    def __init__(self, concurrency, requests, max_tokens, repeat, prompts, engine="vllm"):
         self.concurrency, self.requests, self.max_tokens = concurrency, requests, max_tokens
         self.repeat, self.prompts = repeat, prompts
+        self.sampling = {"temperature": 0.0}
+        if engine in ("vllm", "sglang"):
+            self.sampling["ignore_eos"] = True
 
     def request(self, c):
         return {"requests": self.requests, "concurrency": c, "max_tokens": self.max_tokens,
-                "sampling": {"temperature": 0.0}}
+                "sampling": dict(self.sampling)}
 
 
 class Sweep:

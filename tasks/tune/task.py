@@ -135,7 +135,8 @@ class Sweeper:
             self.term.line("", f"tune: resuming: {len(self.variants) - len(todo)} of "
                                f"{len(self.variants)} variants already measured")
         wl = Workload(o.concurrency, o.requests, o.max_tokens, o.repeat,
-                      workload.prompts(seed=o.seed, count=o.requests + 1, input_len=o.input_len))
+                      workload.prompts(seed=o.seed, count=o.requests + 1, input_len=o.input_len),
+                      engine=self.base.server.engine)
         cancel = threading.Event()
         sweep = Sweep(todo, len(self.variants), wl, results_path=path, log=self.log,
                       progress=self.term.progress, cancel=cancel, host_kwargs=self.kw)
