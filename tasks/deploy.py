@@ -129,7 +129,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
         ("launch", dict(deploy_dir=ddir, release=rel["release"], python=profile.server.interpreter,
                         keep=profile.target.keep_releases)),
     ], timeout=120)
-    server, last = answers[2]["server"], answers[1]["previous"]
+    server, last, cache_before = answers[2]["server"], answers[1]["previous"], answers[1]["expect_cache"]
     reporter.line(name, f"launched release {server['release']}: pid {server['pid']}, "
                         f"log {rel['path']}/server.log")
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",
@@ -154,7 +154,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
                         f"on port {profile.server.port}")
     result.summary = f"ready in {facts['seconds']:.1f} s ({server['release']})"
     result.data["ready_s"] = round(facts["seconds"], 3)
-    rec, slower = startup.record(host, profile, ddir, server, facts, version, reporter)
+    rec, slower = startup.record(host, profile, ddir, server, facts, version, reporter,
+                                 cache_before=cache_before)
     result.data.update(startup=rec["phases"], compile_cache=rec["compile_cache"])
     from .doctor import at_ready  # the start-up log's speculative-decoding evidence
     result.data["findings"] = at_ready(host, profile, ddir, server["release"], checks, reporter) + slower

@@ -155,13 +155,15 @@ def summary(rec):
     return f"start-up: {', '.join(parts)}{cache}"
 
 
-def record(host, profile, ddir, server, facts, engine_version, reporter, log_offset=0):
+def record(host, profile, ddir, server, facts, engine_version, reporter, log_offset=0,
+           cache_before=None):
     """Once ready: the host reads the start's phases from server.log and keeps them in the
     release (startup.json); prints them, and a WARN per phase slower than at the previous
     good start of this profile. Returns (the record, the WARN findings)."""
     ans = host.call("startup", deploy_dir=ddir, release=server["release"], pid=server["pid"],
                     engine=profile.server.engine, engine_version=engine_version,
-                    ready_at=facts.get("at"), ready_s=facts.get("seconds"), log_offset=log_offset)
+                    ready_at=facts.get("at"), ready_s=facts.get("seconds"), log_offset=log_offset,
+                    cache_before=cache_before)
     rec = ans["startup"]
     line = summary(rec)
     if line:

@@ -40,8 +40,10 @@ BUILDER = HERE / "tinymodels" / "build_tiny_model.py"
 CORPUS = HERE / "tinymodels" / "corpus.txt"
 KINDS = ("target", "drafter", "unknown-arch")
 # What every real server of the lab gets in [server.env]: 1 GiB of KV cache (the CPU build's
-# default is sized for a big machine), and stats logged every 2 s instead of 10 s.
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOG_STATS_INTERVAL": "2"}
+# default is sized for a big machine), stats logged every 2 s instead of 10 s, and gloo bound to
+# loopback: a lab host's name (h1, ...) resolves nowhere, and gloo's look-ups of it cost each
+# start ~2 minutes in worker start-up (measured by the start-up phases, issue 25).
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOG_STATS_INTERVAL": "2", "GLOO_SOCKET_IFNAME": "lo"}
 # [server.args] every lab server needs: the CPU build's default bf16 kernels died with SIGILL
 # here ("Worker proc VllmWorker-0 died unexpectedly (exit code: -4)" on the first request,
 # seen 2026-12-01 on a Xeon vCPU that lists amx_bf16); float32 runs. Eager: no compile.

@@ -195,11 +195,16 @@ def test_status_json_from_the_real_metrics(real):
 
 
 def test_tail_log_follow_shows_new_lines(real):
-    tail = Background(real.lab, "tail-log", "--follow", profile=real.profile)
+    def request(mark):  # uvicorn logs an access line naming the path (a 404: no such route)
+        code = ("import urllib.request as u\ntry:\n    u.urlopen('http://127.0.0.1:%d/%s', timeout=60)\n"
+                "except Exception:\n    pass\n" % (PORT, mark))
+        real.lab.exec("h1", ["python3", "-c", code], timeout=120, check=True)
+    request("llmfab-tail-before")
+    tail = Background(real.lab, "tail-log", "--follow", "--grep", "llmfab-tail-", profile=real.profile)
     try:
-        tail.wait_line("non-default args", timeout=60)  # the log so far
-        real.http("/v1/completions", {"model": "tiny", "prompt": "tail-log marker", "max_tokens": 4})
-        tail.wait_line('"POST /v1/completions HTTP/1.1" 200', timeout=60)  # uvicorn's access line
+        tail.wait_line("/llmfab-tail-before HTTP/1.1", timeout=60)  # the log so far: following now
+        request("llmfab-tail-after")
+        tail.wait_line("/llmfab-tail-after HTTP/1.1", timeout=60)  # a line written since
     finally:
         tail.proc.send_signal(signal.SIGINT)
         tail.close()

@@ -16,9 +16,6 @@ def test_real_vllm_phases_cover_launch_to_ready(lab, real_vllm, tiny_target):
         'host = "127.0.0.1"', "port = 31591",
         "[server.args]", *[f"{k} = {json.dumps(v)}" for k, v in realengine.CPU_ARGS.items()],
         "[server.env]", *[f'{k} = "{v}"' for k, v in realengine.CPU_ENV.items()],
-        # a lab host's name resolves nowhere: without this, every gloo group vLLM makes waits
-        # ~10 s on the lookup ("Unable to resolve hostname", ~2 min in worker_start in all)
-        'GLOO_SOCKET_IFNAME = "lo"',
         "[ready]", "timeout = 240", "poll_interval = 0.5", ""]))
     with realengine.real_engine_lock():
         try:

@@ -321,6 +321,16 @@ def _sha256(path):
         return None
 
 
+def compile_cache(from_log, before):
+    """warm | cold | None: the log's evidence (a load, or a compile from nothing), warm also
+    when the cache directory held compiled artifacts before the launch (the engine compiled
+    again on top of them: vLLM 0.32.0's inductor cache, its AOT artifact removed); None when
+    nothing compiled."""
+    if from_log == "cold" and before == "warm":
+        return "warm"
+    return from_log
+
+
 def cache_state(path):
     """"warm" when `path` (the engine's cache directory) holds compiled artifacts, else
     "cold", None without a path."""
@@ -407,7 +417,7 @@ def op_startup(req):
            "launched_at": round(launched_at, 3), "ready_at": round(ready_at, 3),
            "ready_s": round(ready_at - launched_at, 2),
            "phases": phases(parser, ready_at) if engine != "command" else [],
-           "compile_cache": parser.cache}
+           "compile_cache": compile_cache(parser.cache, req.get("cache_before"))}
     tmp = os.path.join(rdir, STARTUP_FILE + ".tmp")
     with open(tmp, "w") as f:
         json.dump(rec, f)
