@@ -55,7 +55,7 @@ def test_tune_on_the_real_engine_finds_a_winner_and_never_the_random_drafter(
         try:
             r = helpers.fab(lab, "tune", "--vary", f"{KEY}=1,2,4", "--baseline", "--profiles",
                             f"{own},{rand}", *WORKLOAD, "--keep", "winner", "--out", str(out),
-                            profile=base, timeout=900)
+                            profile=base, timeout=2400)
             print(r.stdout)
             recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
             by = {x["variant"]: x for x in recs}
