@@ -120,6 +120,29 @@ class Background:
         return "\n".join(self.out + self.err)
 
 
+_SQUATTER = """
+import os, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen(1)
+with open(sys.argv[2] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[2] + ".tmp", sys.argv[2])
+time.sleep(600)
+"""
+
+
+def squat_port(lab, host, port, name):
+    """A process of its own session on `host` holding `port` open (for 600 s); its pid, once it
+    listens. The caller kills it (`lab.exec(host, ["kill", "-9", str(pid)])`)."""
+    pidfile = lab.tmp(host) / f"{name}.pid"
+    pidfile.unlink(missing_ok=True)
+    lab.exec(host, ["setsid", "-f", HOST_PYTHON, "-c", _SQUATTER, str(port), f"/tmp/{name}.pid"],
+             check=True)
+    return int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, "the squatter"))
+
+
 def deployment(lab, host, name, workdir="llmfab"):
     return Path(lab.home(host)) / workdir / name
 

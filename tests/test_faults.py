@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from helpers import (HOST_PYTHON, Background, deployment, fab, flat, host_pid_alive,  # noqa: F401
+from helpers import (HOST_PYTHON, Background, squat_port, deployment, fab, flat, host_pid_alive,  # noqa: F401
                      launched_once, releases, server_record, vllm_profile, write_profile)
 from lab import wait_for
 
@@ -286,26 +286,10 @@ def test_stale_lock_left_by_a_killed_deploy_does_not_block_the_next(lab):
 
 # -- the port is already taken on the host ---------------------------------------------------
 
-SQUATTER = """
-import os, socket, sys, time
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", int(sys.argv[1])))
-s.listen(1)
-with open(sys.argv[2] + ".tmp", "w") as f:
-    f.write(str(os.getpid()))
-os.rename(sys.argv[2] + ".tmp", sys.argv[2])
-time.sleep(600)
-"""
-
 
 def test_taken_port_is_refused_by_preflight_naming_the_holder(lab):
     host, name, port = "h3", "fault-port", 31009
-    pidfile = lab.tmp(host) / "fault-squatter.pid"
-    pidfile.unlink(missing_ok=True)
-    lab.exec(host, ["setsid", "-f", HOST_PYTHON, "-c", SQUATTER, str(port), "/tmp/fault-squatter.pid"],
-             check=True)
-    pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, "the squatter"))
+    pid = squat_port(lab, host, port, "fault-squatter")
     prof = vllm_profile(lab, name, host, port)
     try:
         r = fab(lab, "deploy", profile=prof, code=1)

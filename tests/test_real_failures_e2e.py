@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import realengine
-from helpers import fab, flat, write_profile
-from lab import HostLab, wait_for
+from helpers import fab, flat, squat_port, write_profile
+from lab import HostLab
 
 # The first case waits for the real-engine lock while another suite holds it (a whole module).
 pytestmark = [pytest.mark.e2e, pytest.mark.real_engine, pytest.mark.timeout(1800)]
@@ -60,19 +60,6 @@ def failed_deploy(lab, prof):
     return fatal
 
 
-SQUATTER = """
-import os, socket, sys, time
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", int(sys.argv[1])))
-s.listen(1)
-with open(sys.argv[2] + ".tmp", "w") as f:
-    f.write(str(os.getpid()))
-os.rename(sys.argv[2] + ".tmp", sys.argv[2])
-time.sleep(600)
-"""
-
-
 def test_unknown_flag_then_a_rollback_onto_a_taken_port(lab, tiny_target):
     # Preflight refuses a deploy onto a taken port, so the engine's own "Address already in use"
     # (which names no port) is met where nothing checks first: a rollback relaunching a release
@@ -86,10 +73,7 @@ def test_unknown_flag_then_a_rollback_onto_a_taken_port(lab, tiny_target):
         assert fatal["line"] == "api_server.py: error: unrecognized arguments: --no-such-flag"
         assert "--no-such-flag" in fatal["cause"] and "--no-such-flag" in fatal["fix"]
 
-        pidfile = lab.tmp("h1") / "rf-squatter.pid"
-        lab.exec("h1", ["setsid", "-f", "/usr/bin/python3", "-c", SQUATTER, str(PORT), "/tmp/rf-squatter.pid"],
-                 check=True)
-        pid = int(wait_for(lambda: pidfile.exists() and pidfile.read_text(), 20, "the squatter"))
+        pid = squat_port(lab, "h1", PORT, "rf-squatter")
         try:
             r = fab(lab, "rollback", "--json", profile=good, code=1, timeout=400)
         finally:
