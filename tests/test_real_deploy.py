@@ -80,12 +80,14 @@ class Real:
         return (self.ddir / "releases" / release / "server.log").read_text(errors="replace")
 
     def engine_procs(self):
-        """{pid: command line} of every process of this deployment: those in the host's mount
-        namespace whose environment carries the launcher's marker for this deployment. The
-        command line shows vLLM's own titles (setproctitle: VLLM::EngineCore, VLLM::Worker)."""
+        """{pid: command line} of every process of this deployment in the host's mount namespace:
+        those whose environment carries the launcher's marker for this deployment, and every
+        process of their sessions. vLLM renames EngineCore and its Worker (setproctitle:
+        VLLM::EngineCore, VLLM::Worker), and setproctitle writes the title over the memory
+        /proc/PID/environ shows, so the marker is gone from theirs: they are found by session."""
         marker = b"LLMFAB_RELEASE=/root/llmfab/%s/releases/" % NAME.encode()
         mnt = os.readlink("/proc/%d/ns/mnt" % self.lab.holder_pid("h1"))
-        out = {}
+        procs, sessions = {}, set()
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 if os.readlink(f"/proc/{pid}/ns/mnt") != mnt:
@@ -94,11 +96,14 @@ class Real:
                     env = f.read()
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    session = int(f.read().rsplit(b")", 1)[1].split()[3])
+            except (OSError, IndexError, ValueError):
                 continue
+            procs[int(pid)] = (session, title)
             if marker in env:
-                out[int(pid)] = title
-        return out
+                sessions.add(session)
+        return {pid: title for pid, (session, title) in procs.items() if session in sessions}
 
     def listening(self):
         """Whether anything in the host listens on PORT (its /proc/net/tcp*)."""
@@ -173,8 +178,10 @@ def test_engine_parsed_the_argv_dry_run_shows(real):
 
 def test_status_json_from_the_real_metrics(real):
     # Load for status to see: a bench in the background; status once requests are running.
-    bench = Background(real.lab, "bench", "--requests", "12", "--concurrency", "4", "--max-tokens", "192",
-                       profile=real.profile)
+    # Long enough (~40 x 256 tokens at concurrency 4: tens of seconds on 2 cores) that /metrics
+    # is read while requests run, however fast the tiny model decodes.
+    bench = Background(real.lab, "bench", "--requests", "40", "--concurrency", "4", "--max-tokens", "256",
+                       "--ignore-eos", profile=real.profile)
     try:
         def busy():
             text = real.http("/metrics")[1]
