@@ -7,7 +7,9 @@ import pytest
 import realengine
 
 
+# The lock may be held by another suite's real server first: more than the default 300 s.
 @pytest.mark.real_engine
+@pytest.mark.timeout(1200)
 def test_real_vllm_phases_cover_launch_to_ready(lab, real_vllm, tiny_target):
     prof = lab.root / "startup-real.toml"
     prof.write_text("\n".join([
