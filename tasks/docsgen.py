@@ -6,7 +6,7 @@
 Each page is rendered from what the code itself uses: the profile's key tables
 (tasks/profile/keys.py), the task collection `fab` runs (docstrings and help=), the exit
 codes (tasks/errors.py), the doctor's rules (tasks/hostside/specrules.py), the failure
-rules (tasks/failrules/) and the modules' docstrings. New keys, tasks, rules and modules
+rules (tasks/failures/rules/) and the modules' docstrings. New keys, tasks, rules and modules
 appear by themselves; tests/test_docsgen.py renders every page in memory and fails when a
 file differs.
 """
@@ -158,9 +158,9 @@ def doctor_page():
 
 
 def failure_page():
-    from .failrules import RULES, ROOT as ROOT_CAUSE
+    from .failures.rules import RULES, ROOT as ROOT_CAUSE
     out = ["# Failure rules: why a server failed", "",
-           "The rule table of `tasks/failrules/`: what a start-up failure looks like in a server's "
+           "The rule table of `tasks/failures/rules/`: what a start-up failure looks like in a server's "
            "log, what it means and what to do. Every rule is fatal (the server did not start or "
            "died); a `wrapper` only reports that the engine failed and never wins over a root "
            "cause above it or in the traceback after it. When several lines match, the rule "
@@ -208,7 +208,7 @@ def architecture_page():
 
 def startup_page():
     from .hostside.startup import PHASE_LINES
-    from .startup import CACHE_ENV, RULES
+    from .steps.startup import CACHE_ENV, RULES
     out = ["# Start-up phases", "",
            "The table of `tasks/hostside/startup.py`: which line of an engine's log ends (or begins) "
            "which start-up phase, or shows the compile cache's state. `process` (launch to the first "

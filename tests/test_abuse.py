@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from lab import REPO
 from tasks.errors import ProfileError
-from tasks.launcher import render_launcher
+from tasks.steps.launcher import render_launcher
 from tasks.profile import load_profile, tomllib
 from helpers import deployment, fab, host_pid_alive
 

@@ -1,5 +1,5 @@
 """The host agent's code: every module of tasks/hostside, sent only when the host lacks that
-version, verified before it runs (tasks/agentpayload.py); its ops in one table
+version, verified before it runs (tasks/transport/agent_code.py); its ops in one table
 (tasks/hostside/ops.py).
 
 These run the real bootstrap with the real profile Python as a subprocess (the `local`
@@ -16,9 +16,9 @@ import sys
 
 import pytest
 
-from tasks import agentpayload
-from tasks.agentclient import AgentError, AgentStartFailed, Host
-from tasks.agentpayload import BOOTSTRAP_FILE, HOSTSIDE, Payload, bootstrap, minify
+from tasks.transport import agent_code as agentpayload
+from tasks.transport.agent import AgentError, AgentStartFailed, Host
+from tasks.transport.agent_code import BOOTSTRAP_FILE, HOSTSIDE, Payload, bootstrap, minify
 from tasks.hostside.ops import OPS
 
 MARKER_CODE = "open(%r, 'w').write('ran')\n"

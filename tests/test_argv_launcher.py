@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.argv import render_args, server_argv
-from tasks.launcher import render_argv_json, render_launcher, render_secrets
+from tasks.steps.argv import render_args, server_argv
+from tasks.steps.launcher import render_argv_json, render_launcher, render_secrets
 from tasks.profile.types import JsonTable
 from tasks.profile import load_profile
 

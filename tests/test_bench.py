@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tasks import metrics
+from tasks.measure import metrics
 
 pytestmark = pytest.mark.e2e
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks import bench, benchstats, metrics
+from tasks import bench
+from tasks.measure import bench_stats as benchstats, metrics
 from tasks.errors import UsageError
-from tasks.agentclient import Host
+from tasks.transport.agent import Host
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -185,7 +186,7 @@ def test_compare_prints_two_runs_side_by_side(tmp_path):
     assert lines[0].split() == ["metric", "mtp", "dflash", "B/A"]
     assert "output tok/s     400.0    1000.0  2.50x" in r.stdout
     assert lines[-3].split() == ["acceptance", "no", "spec", "0.620", "-"]
-    # The A/B verdict line (tasks/benchrepeat.py): single runs have no spread to judge by.
+    # The A/B verdict line (tasks/measure/repeats.py): single runs have no spread to judge by.
     assert lines[-1] == ("verdict: output tok/s: dflash better by 150.0% (no spread known (run each "
                          "side with --repeat 3 or more)); acceptance: not in both")
     bad = tmp_path / "bad.json"

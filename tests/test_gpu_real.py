@@ -59,7 +59,7 @@ class GpuHost:
         self.cxn = None
         if HOST != "local":
             from fabric import Config
-            from tasks.sshconnect import open_connection
+            from tasks.transport.ssh import open_connection
             config = Config(runtime_ssh_path=SSH_CONFIG) if SSH_CONFIG else Config()
             self.cxn = open_connection(HOST, config)
 

@@ -11,9 +11,10 @@ import pytest
 from tasks.errors import UsageError
 from tasks.options import KillGpuProcsOptions
 
-from tasks import gpu as gpucmd, gpuwait
+from tasks import kill_gpu_procs as gpucmd
+from tasks.steps import gpu_memory as gpuwait
 from tasks.errors import OperationFailed
-from tasks.agentclient import Host
+from tasks.transport.agent import Host
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "nvidia-smi"
 

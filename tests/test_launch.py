@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lab import wait_for
-from tasks.launcher import render_launcher
+from tasks.steps.launcher import render_launcher
 from tasks.profile import load_profile
 
 REPO = Path(__file__).resolve().parent.parent

@@ -23,7 +23,7 @@ from tasks.releases import describe_end, previous_release, rows, stamp_time, tab
 from tasks.hostside import logs as hlogs
 from tasks.hostside import releases as hreleases
 from tasks.options import TailLogOptions
-from tasks.logtext import LineAssembler, is_fatal, utf8_boundary
+from tasks.log_lines import LineAssembler, is_fatal, utf8_boundary
 from tasks.errors import UsageError
 
 SAMPLE = ("plain line\nünïcödé — 日本語 🚀\nbad \xff\xfe bytes\n".encode("utf-8", "surrogateescape")
@@ -92,8 +92,8 @@ class _Tty(io.StringIO):
 
 @pytest.mark.parametrize("stream,multi", [(_Tty(), False), (io.StringIO(), True)])
 def test_fatal_lines_are_red_on_a_terminal_only_and_hosts_prefix_with_several(stream, multi):
-    from tasks.logs import Printer
-    from tasks.report import Reporter
+    from tasks.tail_log import Printer
+    from tasks.output import Reporter
     printer = Printer(Reporter(["h1", "h2"], stream=stream), "h1", multi, threading.Event())
     printer.show(["INFO fine", "RuntimeError: Engine core initialization failed. See root cause"])
     out = stream.getvalue().splitlines()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import metrics
+from tasks.measure import metrics
 
 FIX = Path(__file__).parent / "fixtures" / "metrics"
 

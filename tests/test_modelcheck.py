@@ -9,7 +9,7 @@ import pytest
 from tasks.hostside import modelcheck as host
 from tasks.hostside import specdoctor, specfacts
 from tasks.profile.types import Gpu, JsonTable, Profile, Ready, Secret, Server, Target
-from tasks.modelcheck import models_request
+from tasks.profile.models import models_request
 
 from helpers import DRAFT, TARGET
 
@@ -24,7 +24,7 @@ def write_model(d, config):
 
 
 def request(tmp_path, target=TARGET, draft=DRAFT, **over):
-    """A `models` section as tasks/modelcheck.py builds it for configs/qwen3.6-27b-dflash.toml."""
+    """A `models` section as tasks/profile/models.py builds it for configs/qwen3.6-27b-dflash.toml."""
     req = dict(engine="vllm", method="dflash", v2_runner=False,
                target=write_model(tmp_path / "Qwen3.6-27B", target),
                draft=write_model(tmp_path / "Qwen3.6-27B-DFlash", draft),

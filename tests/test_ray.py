@@ -23,7 +23,7 @@ import pytest
 
 from lab import REPO
 
-from tasks.cluster import gpus_per_node, server_profile
+from tasks.fleet.ray_cluster import gpus_per_node, server_profile
 from tasks.profile import load_profile
 
 RAY_PIN = "ray==2.60.0"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks.explain import Readings, explain
-from tasks.failrules import BY_ID
-from tasks.logscan import LogScanner
+from tasks.failures.explain import Readings, explain
+from tasks.failures.rules import BY_ID
+from tasks.failures.logscan import LogScanner
 from tasks.profile import load_profile
 
 REAL = Path(__file__).with_name("fixtures") / "failures" / "real"

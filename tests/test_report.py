@@ -2,13 +2,13 @@
 the terminal (80 columns when the output is not one); --json is untouched by any of it."""
 import io
 
-from tasks import report
-from tasks.doctor import finding_block
-from tasks.explain import Explanation
-from tasks.failreport import ServerFailed
-from tasks.fanout import report_error
-from tasks.preflight import print_checks
-from tasks.report import Block, Reporter, wrap_block
+from tasks import output as report
+from tasks.doctor.findings import finding_block
+from tasks.failures.explain import Explanation
+from tasks.failures.failed_server import ServerFailed
+from tasks.output import report_error
+from tasks.steps.preflight import print_checks
+from tasks.output import Block, Reporter, wrap_block
 
 FINDING = {
     "rule": "vllm-dflash-swa-ignored", "severity": "FAIL", "evidence": "version",
@@ -72,7 +72,7 @@ def test_a_preflight_finding_prints_as_headline_fix_and_source_within_80_columns
 def test_a_long_check_wraps_under_its_message_and_a_failed_preflight_lists_it_wrapped_too():
     import pytest
     from tasks.errors import PreflightFailed
-    from tasks.preflight import run_preflight
+    from tasks.steps.preflight import run_preflight
     message = ("the server listens on 0.0.0.0:8000 with no API key: anyone who can reach port "
                "8000 can use it. Either set a key from your environment, or bind [server] host = "
                '"127.0.0.1" and reach it through an SSH tunnel (ssh -L 8000:127.0.0.1:8000 HOST)')

@@ -22,7 +22,7 @@ from helpers import write_profile
 from lab import REPO, HostLab, starttime, wait_for
 
 from tasks.profile.types import Target
-from tasks.rolling import batch_size, batches
+from tasks.fleet.rolling import batch_size, batches
 from tasks.errors import UsageError
 from tasks.options import DeployOptions
 

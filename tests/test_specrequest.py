@@ -1,4 +1,4 @@
-"""The doctor's inputs derived from a profile (tasks/specrequest.py): method, keys, draft
+"""The doctor's inputs derived from a profile (tasks/doctor/host_request.py): method, keys, draft
 length, runner env, prefix caching, accepted rules; and the [check] table."""
 from pathlib import Path
 
@@ -6,7 +6,7 @@ import pytest
 
 from tasks.errors import ProfileError
 from tasks.profile.load import load_profile
-from tasks.specrequest import doctor_request
+from tasks.doctor.host_request import doctor_request
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 

@@ -21,7 +21,7 @@ def _dirs(tmp_path, draft=DRAFT, target=TARGET):
 
 
 def request(tmp_path, draft=DRAFT, target=TARGET, **over):
-    """The `doctor` section tasks/specrequest.py builds for configs/qwen3.6-27b-dflash.toml."""
+    """The `doctor` section tasks/doctor/host_request.py builds for configs/qwen3.6-27b-dflash.toml."""
     d, t = _dirs(tmp_path, draft, target)
     req = {"engine": "vllm", "method": "dflash", "method_key": "server.args.speculative-config.method",
            "draft": d, "draft_key": "server.args.speculative-config.model", "target": t,

@@ -1,7 +1,8 @@
 """The live verdict (DESIGN.md thresholds), likely-cause order, and bench --repeat / --compare."""
 import pytest
 
-from tasks import benchrepeat, doctor, metrics, specverdict
+from tasks.measure import repeats as benchrepeat, metrics
+from tasks.doctor import findings as doctor, verdict as specverdict
 
 
 def spec(rate, k, drafts=1000, pos0=None):

@@ -1,8 +1,8 @@
-"""tasks/sshconnect.py without a network: what building a connection does to the config."""
+"""tasks/transport/ssh.py without a network: what building a connection does to the config."""
 import paramiko
 from fabric import Config
 
-from tasks import sshconnect
+from tasks.transport import ssh as sshconnect
 
 
 def test_connections_leave_the_config_every_host_thread_shares_untouched(tmp_path):

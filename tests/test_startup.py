@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tasks.hostside import startup as hs
-from tasks import startup
+from tasks.steps import startup
 
 FIXTURES = Path(__file__).with_name("fixtures") / "startup"
 VLLM = "vllm-0.32.0-cpu-api_server-"
@@ -200,7 +200,7 @@ def _profile(tmp_path, env=""):
 
 def _launch_env(tmp_path, profile, release, version):
     """The environment launch.py gives the engine, from a release directory of a deployment."""
-    from tasks.launcher import render_launcher
+    from tasks.steps.launcher import render_launcher
     rdir = tmp_path / "deploy" / "releases" / release
     rdir.mkdir(parents=True)
     (rdir / "launch.py").write_text(render_launcher(profile, engine_version=version))

@@ -12,10 +12,10 @@ import json
 from pathlib import Path
 
 from helpers import fab, server_record, vllm_profile
-from tasks.failreport import explain_dead
+from tasks.failures.failed_server import explain_dead
 from tasks.hostside.common import read_exit
-from tasks.logscan import LogScanner
-from tasks.explain import explain
+from tasks.failures.logscan import LogScanner
+from tasks.failures.explain import explain
 from tasks.releases import describe_end
 
 REAL = Path(__file__).with_name("fixtures") / "real-vllm-cpu"

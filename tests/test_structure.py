@@ -15,7 +15,7 @@ from tasks import options
 from tasks.errors import ExitCode, UsageError
 from tasks.profile import load_profile
 from tasks.profile.serverargs import ServerArgs
-from tasks.report import wrap_block
+from tasks.output import wrap_block
 from tasks.status import Status, render, verdict
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,7 +55,7 @@ def test_the_command_table_and_the_tasks_name_each_other():
     assert sorted(cli.COMMANDS) == sorted(n.replace("_", "-") for n in ns.task_names)
     for name, info in cli.COMMANDS.items():
         assert callable(getattr(importlib.import_module("tasks." + info.module), info.function)), name
-        assert issubclass(getattr(options, info.options), options.Common), name
+        assert issubclass(cli.options_class(info), options.Common), name
         assert ns[name].__doc__ == info.summary and info.summary.endswith("."), name
     text = (REPO / "tasks" / "cli.py").read_text()
     assert not re.search(r'_boundary\(c, "[\w-]+:', text)  # no "module:function" strings
@@ -125,8 +125,8 @@ def test_dry_run_json_is_one_object_per_host_with_argv_launcher_and_files(tmp_pa
     assert [o["host"] for o in objs] == ["a", "b"]
     one = objs[0]
     profile = load_profile(prof, environ={"TOK": "hush"})
-    from tasks.argv import server_argv
-    from tasks.launcher import render_launcher
+    from tasks.steps.argv import server_argv
+    from tasks.steps.launcher import render_launcher
     assert one["argv"] == server_argv(profile) and one["launcher"] == render_launcher(profile)
     assert one["dry_run"] is True and one["secrets"] == ["HF_TOKEN"]
     names = [f["name"] for f in one["files"]]

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from tasks import logscan, supervision
+from tasks.failures import logscan
+from tasks.steps import supervision
 from tasks.deploy import release_files
 from tasks.errors import ProfileError
 from tasks.hostside import hangwatch
-from tasks.launcher import SUPERVISOR_FILES, SUPERVISOR_MODULES, render_launcher, supervisor_rules
+from tasks.steps.launcher import SUPERVISOR_FILES, SUPERVISOR_MODULES, render_launcher, supervisor_rules
 from tasks.profile import load_profile
 from tasks.status import Status, render
 
@@ -112,7 +113,7 @@ FAILURES = sorted((REPO / "tests" / "fixtures" / "failures").glob("*.log"))
 @pytest.mark.parametrize("log", FAILURES, ids=[f.stem for f in FAILURES])
 def test_the_host_picks_the_same_line_and_rule_as_the_explainer(rules, log):
     """Every recorded failure log: hangwatch (on the host, from the rules as data)
-    names the line and rule tasks/logscan.py names."""
+    names the line and rule tasks/failures/logscan.py names."""
     scanner = logscan.LogScanner()
     scanner.feed(log.read_text(errors="replace"), final=True)
     line, rule = hangwatch.fatal_line(str(log), 0, rules)
@@ -123,7 +124,7 @@ def test_the_host_picks_the_same_line_and_rule_as_the_explainer(rules, log):
 
 
 def test_hang_detection_reads_the_metric_names_status_reads():
-    from tasks import metrics
+    from tasks.measure import metrics
     assert hangwatch.BUSY == metrics.RUNNING + metrics.WAITING
     assert hangwatch.GENERATED is metrics.GENERATED
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks import workload
+from tasks.measure import workload
 from tasks.errors import UsageError
-from tasks.options import TuneOptions
+from tasks.tune.options import TuneOptions
 from tasks.profile import load_profile
 from tasks.tune import results, variants
 from tasks.tune.hosts import check_alike
@@ -32,7 +32,7 @@ def test_the_prompt_file_ships_in_the_package():
     import configparser
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
-    assert "workload.jsonl" in cfg["options.package_data"]["llmfab"]
+    assert "workload.jsonl" in cfg["options.package_data"]["llmfab.measure"]
 
 
 def test_parse_vary_types_values_and_refuses_bad_input():

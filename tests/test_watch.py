@@ -132,10 +132,10 @@ def test_hints_match_line_by_line_and_none_means_any_line(release, sleeper):
 
 
 def test_the_hints_are_logscans_rules_so_a_fatal_line_answers_early(release, sleeper):
-    """The client sends logscan's own patterns (tasks/failrules): a line its scanner calls
+    """The client sends logscan's own patterns (tasks/failures/rules): a line its scanner calls
     fatal makes the agent answer at once, and the scanner then names it."""
-    from tasks.logscan import LogScanner
-    from tasks.wait import fatal_hints
+    from tasks.failures.logscan import LogScanner
+    from tasks.steps.wait import fatal_hints
     ddir, rdir = release
     line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     (rdir / "server.log").write_text("Loading weights\n" + line)

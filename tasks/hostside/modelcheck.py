@@ -1,6 +1,6 @@
 """Model-aware preflight: read the target's and the drafter's config.json before a long load.
 
-`run(models)` takes the `models` section built by tasks/modelcheck.py and returns
+`run(models)` takes the `models` section built by tasks/profile/models.py and returns
 records {check, status: OK | WARN | FAIL, message}; each message names the file and
 the key at fault. Where a field may live follows vLLM (vllm/config/speculative.py,
 vllm/model_executor/models/qwen3_dflash.py, eagle3_utils.py):

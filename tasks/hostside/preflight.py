@@ -25,7 +25,7 @@ def check_python():
 def check_engine(engine, argv0=None):
     """The engine's import package and the distribution providing it (engineid.py): the record
     carries them as `engine` ({package, distribution, version}), from which the client picks
-    the entry point it launches (tasks/argv.py)."""
+    the entry point it launches (tasks/steps/argv.py)."""
     info = engineid.identify(engine)
     if info is not None:
         import importlib.util

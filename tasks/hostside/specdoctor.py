@@ -69,7 +69,7 @@ def accept_hint(f):
 
 def checks(findings):
     """Preflight records for findings; an accepted FAIL says so. The message holds it all
-    (--json); people see it as a headline, fix and source (tasks/doctor.py finding_block)."""
+    (--json); people see it as a headline, fix and source (tasks/doctor/findings.py finding_block)."""
     out = []
     for f in findings:
         out.append({"check": f["rule"], "status": f["severity"],

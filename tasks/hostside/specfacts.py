@@ -1,6 +1,6 @@
 """The facts the doctor's rules are conditions over, read on the host.
 
-`facts(req, version)` takes the `doctor` section of a request (built by tasks/specrequest.py
+`facts(req, version)` takes the `doctor` section of a request (built by tasks/doctor/host_request.py
 from the profile: method, drafter and target directories, draft length, the runner env,
 prefix caching, each with the profile key it came from) and the engine version, reads the
 drafter's and the target's config.json, and returns a flat dict: plain values the rules
