@@ -3,7 +3,7 @@
 A request `{"op": name, ...}` runs `<module>.<function>(request)` of this package. The
 agent (agent.py) imports a module only when the first request for one of its ops
 arrives, so a task pays only for the code it uses. A new op is a row here and a function
-`op_<name>(req)` in the module that holds its capability; tests/test_agent_code.py holds
+`op_<name>(req)` in the module that holds its capability; tests/unit/test_agent_code.py holds
 the table and the modules to each other. Standard library only; Python >= 3.9.
 """
 from collections import namedtuple

@@ -160,7 +160,7 @@ def _reaper(here, env, report_fd):
 '''
 # A supervised release carries the supervisor as the host agent's own modules: the package
 # llmfab_host/ holding supervisor.py and what it imports (the same files the agent runs,
-# never a copy kept by hand; tests/test_supervise_units.py checks the set is complete),
+# never a copy kept by hand; tests/unit/test_supervise_units.py checks the set is complete),
 # supervise.py (what the reaper above imports) and the failure rules as data.
 HOSTSIDE_DIR = Path(__file__).parent.parent / "hostside"
 SUPERVISOR_PACKAGE = "llmfab_host"

@@ -3,7 +3,7 @@
 Never imported on the client: tasks/transport/agent_code.py reads this text, strips its comments,
 docstrings and blank lines (agentpayload.minify) and sends the result as the one remote
 command of a task. It is ordinary Python so that it can be read, and it runs the same
-unminified (tests/test_agent_code.py runs both against a real interpreter).
+unminified (tests/unit/test_agent_code.py runs both against a real interpreter).
 
 What it does, with DIGEST the sha256 of the agent's files (agentpayload.digest):
   1. Look for ~/.cache/llmfab/agent/<DIGEST[:32]>/llmfab_host/ (XDG_CACHE_HOME respected):
