@@ -5,7 +5,7 @@
 
 Each page is rendered from what the code itself uses: the profile's key tables
 (tasks/profile/keys.py), the task collection `fab` runs (docstrings and help=), the exit
-codes (tasks/errors.py), the doctor's rules (tasks/hostside/specrules.py), the failure
+codes (tasks/errors.py), the doctor's rules (tasks/hostside/doctor_rules.py), the failure
 rules (tasks/failures/rules/) and the modules' docstrings. New keys, tasks, rules and modules
 appear by themselves; tests/unit/test_docsgen.py renders every page in memory and fails when a
 file differs.
@@ -117,13 +117,13 @@ def cli_page():
 
 def doctor_page():
     from .hostside import versions
-    from .hostside.specrules import LOG_RULES, REFERENCES, RULES, RUNNER_DEFAULTS
+    from .hostside.doctor_rules import LOG_RULES, REFERENCES, RULES, RUNNER_DEFAULTS
 
     def when(rule):
         return ", ".join(f"{k} = {'/'.join(v) if isinstance(v, tuple) else v}" for k, v in rule.when)
 
     out = ["# The speculative-decoding doctor's rules", "",
-           "The rule table of `tasks/hostside/specrules.py`, as `fab check`, deploy's preflight, "
+           "The rule table of `tasks/hostside/doctor_rules.py`, as `fab check`, deploy's preflight, "
            "`fab status` and `fab bench` evaluate it. Every fact was read in the released vLLM "
            "wheels (the source column). A FAIL stops a deploy unless the profile accepts it "
            "(`[check] accept = [\"rule-id\"]`); how the doctor works is in "

@@ -7,12 +7,12 @@ DESIGN.md fixes the thresholds:
     k >= 3: the drafter sees the wrong hidden states (or is the wrong drafter), it is not
     merely weak;
   - `low`: mean acceptance length below 60% of the method's reference for its k
-    (tasks/hostside/specrules.py REFERENCES, with their sources);
+    (tasks/hostside/doctor_rules.py REFERENCES, with their sources);
   - otherwise `healthy`. ngram/suffix depend on the workload: `healthy` or `low` only.
 The reference for a k is the record of the same method with the largest k at or below it
 (else the smallest), capped at 1 + k, the most a step can yield.
 """
-from ..hostside.specrules import MODEL_BASED, REFERENCES, RULES, LOG_RULES
+from ..hostside.doctor_rules import MODEL_BASED, REFERENCES, RULES, LOG_RULES
 from ..output import Block
 
 MIN_DRAFTS = 100

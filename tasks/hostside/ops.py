@@ -36,7 +36,7 @@ OPS = {
     "kernel_oom": OpInfo("oomkill", "op_kernel_oom", "the kernel's OOM-killer lines (dmesg)"),
     "packages": OpInfo("pkginfo", "op_packages", "installed versions, and the torch each package "
                                                  "needs, in the server's environment"),
-    "spec_evidence": OpInfo("speclog", "op_spec_evidence", "the doctor's view of a release in one request"),
+    "spec_evidence": OpInfo("doctor_log", "op_spec_evidence", "the doctor's view of a release in one request"),
     "startup": OpInfo("startup", "op_startup", "a ready start's phases from its log, kept as startup.json, "
                                                "with the previous start of the profile"),
     "startup_last": OpInfo("startup", "op_startup_last", "before a launch: the previous start of this "

@@ -38,7 +38,7 @@ def preflight_request(profile: Profile, state=None):
         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
         min_free_mib=profile.gpu.min_free_mib,
         models=models_request(profile),
-        doctor=doctor_request(profile),  # the rules of tasks/hostside/specrules.py
+        doctor=doctor_request(profile),  # the rules of tasks/hostside/doctor_rules.py
     )
     server = (state or {}).get("server") or {}
     if state and state.get("alive") and server.get("port") == s.port:

@@ -6,7 +6,7 @@ import pytest
 
 from tasks import docsgen, ns
 from tasks.failures.rules import RULES as FAILURE_RULES
-from tasks.hostside.specrules import LOG_RULES, RULES as DOCTOR_RULES
+from tasks.hostside.doctor_rules import LOG_RULES, RULES as DOCTOR_RULES
 from tasks.profile import load_profile, tomllib
 from tasks.profile.check import Checker
 from tasks.profile.keys import TABLES, Key

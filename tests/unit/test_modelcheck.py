@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tasks.hostside import modelcheck as host
-from tasks.hostside import specdoctor, specfacts
+from tasks.hostside import doctor_check, doctor_facts
 from tasks.profile.types import Gpu, JsonTable, Profile, Ready, Secret, Server, Target
 from tasks.profile.models import models_request
 
@@ -44,12 +44,12 @@ def by_status(records, status):
 
 def preflight(req):
     """The host preflight's model records: modelcheck's, then the doctor's rules that hold on
-    any engine version (tasks/hostside/specdoctor.py; version rules: test_specrules.py)."""
+    any engine version (tasks/hostside/doctor_check.py; version rules: test_specrules.py)."""
     doctor = {"engine": req["engine"], "method": req["method"], "method_key": req["keys"].get("method"),
               "draft": req["draft"], "draft_key": req["keys"].get("draft"), "target": req["target"],
               "k": req.get("spec_tokens"), "v2_env": "1" if req.get("v2_runner") else None,
               "prefix_caching": {"value": False}}
-    return host.run(req) + specdoctor.checks(specdoctor.evaluate(specfacts.facts(doctor, None)))
+    return host.run(req) + doctor_check.checks(doctor_check.evaluate(doctor_facts.facts(doctor, None)))
 
 
 def test_zlab_drafter_on_its_target_passes(tmp_path):

@@ -1,16 +1,16 @@
-"""The doctor's evaluator: the rule table (specrules.py) over one deployment's facts.
+"""The doctor's evaluator: the rule table (doctor_rules.py) over one deployment's facts.
 
 A finding is {rule, severity, message, fix, source, evidence} (DESIGN.md): evidence is
 "version" for a rule with a version range, "config" for one that holds on any version, and
-"log" for what the start-up log showed (speclog.py). A FAIL the profile accepts
+"log" for what the start-up log showed (doctor_log.py). A FAIL the profile accepts
 (`[check] accept`) becomes severity WARN with accepted: true. `checks(findings)` turns them
 into preflight records {check, status, message, finding}, so a FAIL stops a deploy like any
 failed check and nothing else needs to know about rules.
 Standard library only; Python >= 3.9.
 """
 
-from . import engineid, specfacts, versions
-from .specrules import RULES
+from . import doctor_facts, engineid, versions
+from .doctor_rules import RULES
 
 
 class _Words(dict):
@@ -84,7 +84,7 @@ def run(req):
     if not req or not req.get("method"):
         return {}, []
     version = engine_version(req.get("engine"))
-    facts = specfacts.facts(req, version)
+    facts = doctor_facts.facts(req, version)
     return facts, evaluate(facts, req.get("accept") or ())
 
 

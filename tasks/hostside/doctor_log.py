@@ -20,9 +20,9 @@ import json
 import os
 import re
 
-from . import specdoctor
+from . import doctor_check
 from .common import expand, write_json
-from .specrules import LOG_RULES
+from .doctor_rules import LOG_RULES
 
 AUX = re.compile(r"(Using (?:auxiliary layers from speculative config|Eagle3 auxiliary layers "
                  r"from (config|model))): \(([-\d,\s]*)\)")
@@ -78,8 +78,8 @@ def log_facts(facts, seen):
 def evidence(facts, text, accept=()):
     seen = parse(text)
     f = log_facts(facts, seen)
-    found = [specdoctor.finding(r, f, "log", accept) for r in LOG_RULES
-             if (not r.engine or r.engine == f.get("engine")) and specdoctor.holds(f, r.when)]
+    found = [doctor_check.finding(r, f, "log", accept) for r in LOG_RULES
+             if (not r.engine or r.engine == f.get("engine")) and doctor_check.holds(f, r.when)]
     return dict(seen, findings=found, layer_ids=facts.get("layer_ids"))
 
 
@@ -93,9 +93,9 @@ def _read_head(path):
 
 def op_spec_evidence(req):
     """The doctor's view of a release, in one request: the version and config findings
-    (specdoctor.summary) and the start-up log's evidence: scanned now and stored (`scan`:
+    (doctor_check.summary) and the start-up log's evidence: scanned now and stored (`scan`:
     true, deploy at ready), else read from spec-evidence.json (status, bench)."""
-    facts, out = specdoctor.summary(req.get("doctor"))
+    facts, out = doctor_check.summary(req.get("doctor"))
     out["evidence"] = None
     if not facts or not req.get("release"):
         return out

@@ -14,7 +14,7 @@ import json
 import os
 
 from . import versions
-from .specrules import FORCES_V2_FOR_MIXED_DFLASH, RUNNER_DEFAULTS
+from .doctor_rules import FORCES_V2_FOR_MIXED_DFLASH, RUNNER_DEFAULTS
 
 SLIDING = "sliding_attention"
 NEEDS = {"dflash": ("block_size", "mask_token_id", "target_layer_ids")}
