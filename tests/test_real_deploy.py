@@ -180,7 +180,8 @@ def test_engine_parsed_the_argv_dry_run_shows(real):
 
 def test_status_json_from_the_real_metrics(real):
     # Load for status to see: a bench in the background, far longer than status takes (1000 x
-    # 256 tokens: minutes on 2 cores), interrupted once status has answered. vLLM 0.32 counts
+    # 256 tokens: minutes on 2 cores), ended once status has answered (killed: its agent on the
+    # host ends with the SSH session, and vLLM aborts the requests it streamed). vLLM 0.32 counts
     # generated tokens in /metrics at every engine step (AsyncLLM's output handler records each
     # step's IterationStats), so a window with requests running always shows tokens. A short
     # bench (40 x 256: ~10 s here at ~1000 tokens/s) could end between the test seeing requests
@@ -196,8 +197,6 @@ def test_status_json_from_the_real_metrics(real):
         st = real.json("status")[0]
         # the load outlasted status's window (else a 0.0 below would say nothing about status)
         assert bench.proc.poll() is None, bench.text
-        bench.proc.send_signal(signal.SIGINT)  # Ctrl-C: the bench ends, exit 130
-        assert bench.finish(60) == 130, bench.text
     finally:
         bench.close()
     assert st["running"] and st["health"] == 200 and st["served_name"] == "tiny"
