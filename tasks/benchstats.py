@@ -5,9 +5,10 @@ host, requests, errors, duration_s, requests_per_s, output_tokens_per_s,
 ttft_ms {p50, p90}, itl_ms {p50, p90}, spec {acceptance_rate, mean_acceptance_length,
 per_position} or null, and tpot_ms {p50, p90} besides. `requests` counts measured requests
 (the warm-up is excluded); requests_per_s and output_tokens_per_s count successful requests
-over the window. TPOT (time per output token after the first) is vLLM's benchmark's: per
-request (latency - TTFT) / (output tokens - 1), over requests with more than one token; it
-compares with `vllm bench serve` where ITL does not (one streamed chunk carries several
+over the window. TTFT, ITL and TPOT are `vllm bench serve`'s (tasks/hostside/bench.py says
+which streamed chunks count): TPOT, time per output token after the first, is per request
+(last token - first token) / (output tokens - 1), over requests with more than one token; it
+compares across speculative settings where ITL does not (one streamed chunk carries several
 tokens under speculative decoding).
 """
 import json
@@ -53,10 +54,14 @@ def window_spec(raw, engine):
 
 
 def tpot_s(sample):
-    """(latency - TTFT) / (output tokens - 1) of one sample, None with one token or fewer."""
-    if sample["ttft_s"] is None or sample.get("latency_s") is None or sample["output_tokens"] < 2:
+    """(last token - first token) / (output tokens - 1) of one sample, both times as the
+    streamed chunks carrying them arrived (vLLM's benchmark: (latency - TTFT) / (n - 1), its
+    latency ending at the last token chunk, not at the usage chunk and [DONE] after it);
+    None with one token or fewer."""
+    end = sample.get("last_token_s")
+    if sample["ttft_s"] is None or end is None or sample["output_tokens"] < 2:
         return None
-    return (sample["latency_s"] - sample["ttft_s"]) / (sample["output_tokens"] - 1)
+    return (end - sample["ttft_s"]) / (sample["output_tokens"] - 1)
 
 
 def record(host, raw, spec):

@@ -46,21 +46,41 @@ def preflight_request(profile: Profile, state=None):
     return req
 
 
+# What vLLM's API key leaves open: its middleware checks the key only on paths under these
+# prefixes (vLLM 0.32 vllm/entrypoints/serve/middleware/authenticate.py GUARDED_PREFIX), so
+# every other route answers without it. Seen in vLLM 0.32.0 (CPU build) started with --api-key,
+# asked without the key: /v1/models and /v1/completions 401; /health, /metrics, /version, /ping,
+# /load and POST /tokenize 200; POST /invocations (SageMaker's route) 200 with a completion.
+VLLM_KEY_GUARDS = ("/v1", "/v2", "/inference", "/cohere")
+VLLM_KEY_LEAVES_OPEN = ("/metrics", "/health", "/version", "/tokenize")
+
+
 def exposure_checks(profile: Profile):
-    """WARN when the server listens on every address with no API key: anyone who reaches
-    the port can use it. vLLM and SGLang take --api-key (vLLM also VLLM_API_KEY)."""
+    """WARN when the server listens on every address: with no API key, anyone who reaches
+    the port can use it (vLLM and SGLang take --api-key, vLLM also VLLM_API_KEY); with a key,
+    vLLM still answers every path outside VLLM_KEY_GUARDS to anyone, /invocations (which
+    generates) included."""
     s = profile.server
     if s.engine not in ("vllm", "sglang"):
         return []
     host = s.flags.value("host", default=s.host)
     port = s.flags.value("port", default=s.port)
-    if str(host) not in ALL_INTERFACES or profile.api_key is not None:
+    if str(host) not in ALL_INTERFACES:
         return []
-    return [{"status": "WARN", "check": "exposure", "message":
-             f"the server listens on {host}:{port} with no API key: anyone who can reach port "
-             f"{port} can use it. Either set a key from your environment ([server.env] "
-             f'VLLM_API_KEY = {{ from_env = "VLLM_API_KEY" }}), or bind [server] host = '
-             f'"127.0.0.1" and reach it through an SSH tunnel (ssh -L {port}:127.0.0.1:{port} HOST)'}]
+    tunnel = (f'bind [server] host = "127.0.0.1" and reach it through an SSH tunnel '
+              f"(ssh -L {port}:127.0.0.1:{port} HOST)")
+    if profile.api_key is None:
+        message = (f"the server listens on {host}:{port} with no API key: anyone who can reach port "
+                   f"{port} can use it. Either set a key from your environment ([server.env] "
+                   f'VLLM_API_KEY = {{ from_env = "VLLM_API_KEY" }}), or {tunnel}')
+    elif s.engine == "vllm":
+        message = (f"the server listens on {host}:{port}, and vLLM's API key guards only paths under "
+                   f"{', '.join(VLLM_KEY_GUARDS)}: {', '.join(VLLM_KEY_LEAVES_OPEN)} and /invocations "
+                   f"(which generates, as /v1/completions does) answer anyone who can reach port {port} "
+                   f"without it. To close them, {tunnel}, or let only your clients reach the port")
+    else:
+        return []
+    return [{"status": "WARN", "check": "exposure", "message": message}]
 
 
 def check_block(c):

@@ -218,3 +218,76 @@ def test_ignore_eos_and_token_id_prompts_reach_the_request_body():
     from tasks.hostside import bench as hostbench
     path, body = hostbench._request_for({"prompt": [5, 6, 7]}, "m", 16, {"ignore_eos": True})
     assert path == "/v1/completions" and body["prompt"] == [5, 6, 7] and body["ignore_eos"] is True
+
+
+# Streams as vLLM 0.32.0 writes them (vllm/entrypoints/openai/completion/serving.py and
+# chat_completion/serving.py): one chunk per engine output with new tokens, its text "" while
+# the byte-level detokenizer holds back a partial UTF-8 character; a chat stream opens with a
+# role-only chunk; then the usage chunk (no choices) and [DONE].
+COMPLETION_STREAM = [
+    {"choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": None}]},
+    {"choices": [{"index": 0, "text": "\u00e9a", "logprobs": None, "finish_reason": None}]},
+    {"choices": [{"index": 0, "text": "b", "logprobs": None, "finish_reason": None}]},
+    {"choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]},
+    {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}},
+]
+CHAT_STREAM = [
+    {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"content": "\u00e9a"}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"content": "b"}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+    {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}},
+]
+
+
+def _serve_stream(chunks):
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for c in chunks:
+                self.wfile.write(("data: " + json.dumps(c) + "\n\n").encode())
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *a):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("chunks", [COMPLETION_STREAM, CHAT_STREAM], ids=["completions", "chat"])
+def test_ttft_itl_and_tpot_count_the_chunks_that_carry_tokens_as_vllm_bench_serve_does(chunks, monkeypatch):
+    """TTFT stops at the first chunk carrying a token even when its text is "" (held back), not
+    at the first text; the request's generation ends at the last token chunk, not at the usage
+    chunk and [DONE]. The clock ticks 1 s per reading, so the times are the chunks' order."""
+    from tasks.hostside import bench as hostbench
+    server = _serve_stream(chunks)
+    ticks = iter(range(100))
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return float(next(ticks))
+    monkeypatch.setattr(hostbench, "time", Clock)
+    try:
+        url = "http://127.0.0.1:%d/v1/completions" % server.server_address[1]
+        sample = hostbench.one_request(url, {"prompt": "x"}, {"Content-Type": "application/json"}, 10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    chat = "delta" in chunks[0]["choices"][0]
+    # start 0; role chunk (chat) 1; token chunks next, one tick each; usage chunk; end
+    first = 2.0 if chat else 1.0
+    assert sample["ok"] and sample["output_tokens"] == 4 and sample["usage"]
+    assert sample["ttft_s"] == first
+    assert sample["itl_s"] == [1.0, 1.0, 1.0]
+    assert sample["last_token_s"] == first + 3
+    assert sample["latency_s"] == first + 5
+    assert benchstats.tpot_s(sample) == 1.0

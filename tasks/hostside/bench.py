@@ -10,8 +10,13 @@ Ops:
            /metrics right before and right after the measured window and returns raw
            per-request samples; every statistic is computed on the laptop.
 
-Inter-token latency is the gap between streamed chunks that carry text, as vLLM's own
-benchmark measures it: with speculative decoding one chunk may carry several tokens.
+Timing, per request, as vLLM's own benchmark (`vllm bench serve`) defines it: TTFT stops at the
+first streamed chunk that carries generated tokens, whether or not they decode to text yet (a
+byte-level tokenizer holds back a partial UTF-8 character: its chunk has text ""), inter-token
+latency is the gap between such chunks (with speculative decoding one chunk may carry several
+tokens), and the request's generation ends at the last such chunk (`last_token_s`), not at the
+usage chunk and [DONE] after it. A chat stream's first chunk only announces the role (sent
+with empty content): it carries no token and is not counted.
 """
 import json
 import threading
@@ -90,12 +95,25 @@ def _content(chunk):
         + (delta.get("reasoning") or "")
 
 
+def carries_tokens(chunk):
+    """Whether a streamed chunk carries generated tokens: any completions choice (vLLM sends one
+    only with new tokens, its text "" while the detokenizer holds back a partial character), a
+    chat delta with text, or a chat delta without a role (text held back, or the finish). Not
+    the chat role announcement, nor the usage chunk (no choices)."""
+    choices = chunk.get("choices") or []
+    if not choices:
+        return False
+    if "text" in choices[0] or _content(chunk):
+        return True
+    return "role" not in (choices[0].get("delta") or {})
+
+
 def one_request(url, body, headers, timeout):
     """Send one streamed request; return its sample (never raises)."""
     import urllib.error  # here, not at the top: see probe.http_get
     import urllib.request
     sample = {"ok": False, "error": None, "ttft_s": None, "itl_s": [], "output_tokens": 0,
-              "latency_s": None, "usage": False}
+              "latency_s": None, "last_token_s": None, "usage": False}
     data = json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers=headers, method="POST")
     t0 = time.perf_counter()
@@ -114,13 +132,14 @@ def one_request(url, body, headers, timeout):
                 if chunk.get("error"):
                     raise ValueError("server error in stream: %s" % json.dumps(chunk["error"]))
                 now = time.perf_counter()
-                if _content(chunk):
+                if carries_tokens(chunk):
                     chunks += 1
                     if last is None:
                         sample["ttft_s"] = now - t0
                     else:
                         sample["itl_s"].append(round(now - last, 6))
                     last = now
+                    sample["last_token_s"] = now - t0
                 usage = chunk.get("usage")
                 if usage and usage.get("completion_tokens") is not None:
                     sample["output_tokens"] = int(usage["completion_tokens"])
