@@ -2,7 +2,7 @@
 
     python benchmarks/agentstart.py TREE SSH_CONFIG HOST HOST_HOME CPUACCT REPS PYTHON
 
-Imports tasks.agentclient from the llmfab checkout TREE (this one, or --before-tree's),
+Imports tasks.transport.agent from the llmfab checkout TREE (this one, or --before-tree's),
 opens the SSH connection (untimed), then times Host.start(): the remote command through
 the user's shell, the profile's Python, the agent's code (sent, or found in the host's
 cache) and its hello record. "cold" first removes HOST_HOME/.cache/llmfab (a host that
@@ -21,7 +21,7 @@ def main(tree, ssh_config, host, home, cpuacct, reps, python):
     sys.path.insert(0, tree)
     from fabric import Config
 
-    from tasks.agentclient import Host
+    from tasks.transport.agent import Host
 
     def cpu():
         return int(Path(cpuacct).read_text()) / 1e9 if cpuacct != "-" else 0.0

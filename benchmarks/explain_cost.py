@@ -2,7 +2,7 @@
 
 1. Scanning, every poll: a healthy 20,000-line vLLM start-up log fed in 400-line chunks
    through today's scanner (the failure-rule table) and, side by side in the same run,
-   through the scanner before issue 14 (tasks/logscan.py at --before, read with `git show`).
+   through the scanner before issue 14 (tasks/failures/logscan.py at --before, read with `git show`).
 2. Explaining, once per failure: explain() of every recorded fixture (no host call).
 3. --lab: fatal line -> verdict of a real `fab deploy` (tests/lab.py host, poll_interval
    1.0 s) for rules that need no host reading (cuda-oom, as benchmarks/run.py times it;
@@ -23,8 +23,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from tasks.explain import Readings, explain  # noqa: E402
-from tasks.logscan import LogScanner  # noqa: E402
+from tasks.failures.explain import Readings, explain  # noqa: E402
+from tasks.failures.logscan import LogScanner  # noqa: E402
 
 FIXTURES = REPO / "tests" / "fixtures" / "failures"
 HEALTHY = [
@@ -37,8 +37,8 @@ HEALTHY = [
 
 
 def old_scanner(before):
-    """The LogScanner of tasks/logscan.py at commit `before` (its own module)."""
-    text = subprocess.run(["git", "show", f"{before}:tasks/logscan.py"], cwd=REPO, check=True,
+    """The LogScanner of tasks/failures/logscan.py at commit `before` (its own module)."""
+    text = subprocess.run(["git", "show", f"{before}:tasks/failures/logscan.py"], cwd=REPO, check=True,
                           capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp()) / "logscan_before.py"
     path.write_text(text)

@@ -2,7 +2,7 @@
 
     LLMFAB_BENCH_TRACE=out.json python benchmarks/fab_traced.py -S CFG -H h1 deploy ...
 
-Runs Fabric's own `fab` program after wrapping tasks.agentclient.Host: each SSH connection
+Runs Fabric's own `fab` program after wrapping tasks.transport.agent.Host: each SSH connection
 opened, each remote command started, each agent request (by op) and each file put is
 recorded with its start time and duration (seconds since this process started). At exit
 the records go to $LLMFAB_BENCH_TRACE as JSON: {"events": [[t, dt, kind, name, host]],
@@ -19,7 +19,7 @@ T0 = time.monotonic()
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from tasks import agentclient as transport  # noqa: E402
+from tasks.transport import agent as transport  # noqa: E402
 
 EVENTS = []
 _lock = threading.Lock()

@@ -1,7 +1,7 @@
 """Pure helpers of benchmarks/run.py: sshd log counting, statistics, Markdown tables.
 
 Kept apart from the script (which needs root and the SSH lab) so they can be unit
-tested quickly: tests/test_bench_measure.py.
+tested quickly: tests/unit/test_benchmarks_measure.py.
 """
 import statistics
 

@@ -7,7 +7,7 @@ the installed `llmfab` command bundles (tasks/program.py). Installed, this packa
 from invoke import Collection
 
 from . import cli
-from .executor import exit_2_on_bad_arguments
+from .fleet.executor import exit_2_on_bad_arguments
 
 ns = Collection.from_module(cli)
 exit_2_on_bad_arguments()

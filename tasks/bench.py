@@ -3,7 +3,7 @@
 Flags are checked first (exit 2, no host touched): --requests (32), --concurrency (4) and
 --max-tokens (128) must be positive integers; --prompts is a JSONL file read here, one
 `{"prompt": "..."}` (-> /v1/completions) or `{"messages": [...]}` (-> /v1/chat/completions)
-per line; without it the shipped prompt set (tasks/workload.py: text a drafter can
+per line; without it the shipped prompt set (tasks/measure/workload.py: text a drafter can
 predict in part) in the order `--seed` gives (default 0). `--random-input-len N` sends
 instead prompts of N random token ids drawn from the model's tokenizer.json on the host
 (as `vllm bench serve --dataset-name random` does), `--ignore-eos` makes every request
@@ -17,11 +17,11 @@ are counter deltas over the bench alone. `--compare A.json,B.json` prints two sa
 import json
 from pathlib import Path
 
-from . import benchstats, metrics, workload
-from .runner import load, run_task
+from .measure import bench_stats, metrics, workload
+from .fleet.runner import load, run_task
 from .errors import ExitCode, OperationFailed, UsageError
-from .fanout import HostResult
-from .report import indented
+from .fleet.fanout import HostResult
+from .output import indented
 
 # After the window the agent's counters may trail the last streamed token by a moment.
 COUNTER_SETTLE_S = 2.0
@@ -58,13 +58,13 @@ def read_prompts(path):
 
 def compare(paths):
     """`--compare A.json,B.json`: the two saved runs side by side."""
-    columns = benchstats.read_runs(paths[0]) + benchstats.read_runs(paths[1])
-    headers, rows = benchstats.compare_table(columns)
-    from .report import Reporter
+    columns = bench_stats.read_runs(paths[0]) + bench_stats.read_runs(paths[1])
+    headers, rows = bench_stats.compare_table(columns)
+    from .output import Reporter
     rep = Reporter()
     rep.table(headers, rows)
-    if len(columns) == 2:  # A/B that decides (tasks/benchrepeat.py)
-        from .benchrepeat import verdict_line
+    if len(columns) == 2:  # A/B that decides (tasks/measure/repeats.py)
+        from .measure.repeats import verdict_line
         (la, a), (lb, b) = columns
         rep.line(None, verdict_line(la, a, lb, b))
 
@@ -97,13 +97,13 @@ def measure_once(host, profile, reporter, port, prompts, req, server, ddir):
     tokens = sum(s["output_tokens"] for s in raw["samples"] if s["ok"])
     _settle(host, profile, port, raw, tokens)
     try:
-        spec = benchstats.window_spec(raw, engine)
+        spec = bench_stats.window_spec(raw, engine)
     except ValueError as e:
         reporter.line(host.name, f"/metrics unreadable: {e}")
         spec = None
-    rec = benchstats.record(host.name, raw, spec)
-    if rec["spec"] is not None:  # the doctor's verdict over this window (tasks/doctor.py)
-        from .doctor import bench_verdict
+    rec = bench_stats.record(host.name, raw, spec)
+    if rec["spec"] is not None:  # the doctor's verdict over this window (tasks/doctor/findings.py)
+        from .doctor.findings import bench_verdict
         rec["_verdict_lines"] = bench_verdict(host, profile, ddir, server.get("release"), raw, spec, rec["spec"])
     return rec, raw
 
@@ -125,7 +125,7 @@ def bench(c, opts):
                    seed=opts.seed)
         prompts = None
     json_mode = opts.json
-    from .preflight import deploy_dir
+    from .steps.preflight import deploy_dir
     ddir = deploy_dir(profile)
     engine = profile.server.engine
 
@@ -149,12 +149,12 @@ def bench(c, opts):
             runs.append(rec)
             unreadable = raw["after"].get("error") if engine != "sglang" else None
             head = [f"run {n + 1} of {opts.repeat}"] if opts.repeat > 1 else []
-            reporter.lines(host.name, [indented(t, 2) for t in head + benchstats.human_lines(
+            reporter.lines(host.name, [indented(t, 2) for t in head + bench_stats.human_lines(
                 rec, engine, unreadable, rec.pop("_verdict_lines", None))])
-            for err in benchstats.first_errors(raw):
+            for err in bench_stats.first_errors(raw):
                 reporter.line(host.name, f"  error: {err}")
         if opts.repeat > 1:
-            from .benchrepeat import repeat_lines, summarize
+            from .measure.repeats import repeat_lines, summarize
             rec = summarize(runs)
             reporter.lines(host.name, [indented(t, 2) for t in repeat_lines(rec)])
         if json_mode:

@@ -2,19 +2,19 @@
 
     fab check [--json]
 
-The same checks as deploy's preflight (tasks/preflight.py), one line each; exit 1 when
+The same checks as deploy's preflight (tasks/steps/preflight.py), one line each; exit 1 when
 any FAILs. `--json`: one object per host, `{host, ok, checks: [{status, check, message}], findings}`
-(findings: the speculative-decoding doctor's, tasks/doctor.py).
+(findings: the speculative-decoding doctor's, tasks/doctor/findings.py).
 """
-from .doctor import split
-from .fanout import HostResult
-from .preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
+from .doctor.findings import split
+from .fleet.fanout import HostResult
+from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
 
 
 def check(c, opts):
     """Body of `fab check` (opts: tasks.options.CheckOptions)."""
     from .errors import PreflightFailed
-    from .runner import load, run_task
+    from .fleet.runner import load, run_task
     profile = load(c, opts.profile)
 
     def op(host, reporter):
@@ -26,7 +26,7 @@ def check(c, opts):
             checks = run_preflight(host, reporter, preflight_request(profile, state),
                                    exposure_checks(profile))
         except PreflightFailed as e:
-            record["checks"], record["findings"] = split(e.checks)  # the doctor's (tasks/doctor.py)
+            record["checks"], record["findings"] = split(e.checks)  # the doctor's (tasks/doctor/findings.py)
             record["ok"] = False
             if opts.json:
                 reporter.emit_json(record)

@@ -21,37 +21,37 @@ CommandInfo = namedtuple("CommandInfo", "module function options summary")
 # task name (as `fab` spells it) -> where it lives. A new task: a row here and a function below.
 COMMANDS = {
     "deploy": CommandInfo(
-        "deploy", "deploy", "DeployOptions",
+        "deploy", "deploy", "options.DeployOptions",
         "Validate, preflight, push a release, launch detached, wait until ready (or say why not)."),
     "check": CommandInfo(
-        "check", "check", "CheckOptions",
+        "check", "check", "options.CheckOptions",
         "Validate the profile and run the whole preflight on the host(s); launch nothing."),
     "status": CommandInfo(
-        "status", "status", "StatusOptions",
+        "status", "status", "options.StatusOptions",
         "Show per host: running?, pid, uptime, release, health, model, GPU memory, throughput."),
     "stop": CommandInfo(
-        "stop", "stop", "StopOptions",
+        "stop", "stop", "options.StopOptions",
         "Stop the server: SIGTERM its process group, wait, SIGKILL, sweep leftovers, check GPUs."),
     "tail-log": CommandInfo(
-        "logs", "tail_log", "TailLogOptions",
+        "tail_log", "tail_log", "options.TailLogOptions",
         "Show the last lines of the current release's server.log; --follow streams it."),
     "releases": CommandInfo(
-        "releases", "releases", "ReleasesOptions",
+        "releases", "releases", "options.ReleasesOptions",
         "List the releases kept on the host: stamp, profile hash, started, how it ended, log size."),
     "rollback": CommandInfo(
-        "releases", "rollback", "RollbackOptions",
+        "releases", "rollback", "options.RollbackOptions",
         "Stop the current release and relaunch the previous one exactly as it was."),
     "kill-gpu-procs": CommandInfo(
-        "gpu", "kill_gpu_procs", "KillGpuProcsOptions",
+        "kill_gpu_procs", "kill_gpu_procs", "options.KillGpuProcsOptions",
         "Free GPUs: find every process using them, TERM then KILL, verify the memory came back."),
     "bench": CommandInfo(
-        "bench", "bench", "BenchOptions",
+        "bench", "bench", "options.BenchOptions",
         "Load the running server through its OpenAI API: tokens/s, TTFT, ITL, spec acceptance."),
     "targets": CommandInfo(
-        "targets", "targets", "TargetsOptions",
+        "targets", "targets", "options.TargetsOptions",
         "Print a Prometheus file_sd document: the /metrics address of every running deployment."),
     "tune": CommandInfo(
-        "tune.task", "tune", "TuneOptions",
+        "tune.task", "tune", "tune.options.TuneOptions",
         "Deploy each speculative-decoding variant, bench it the same way, and name the fastest."),
 }
 
@@ -73,13 +73,18 @@ def command(iterable=(), **flag_help):
     return wrap
 
 
+def options_class(info):
+    """The frozen options record of a COMMANDS row ("options.DeployOptions": tasks/options.py)."""
+    module, _, name = info.options.rpartition(".")
+    return getattr(importlib.import_module(f".{module}", __package__), name)
+
+
 def _boundary(c, name, flags):
     """Parse `flags` into task `name`'s options record and run its body with them; any
     LlmfabError becomes `error: <message>` and its exit code."""
-    from . import options
     info = COMMANDS[name]
     try:
-        opts = getattr(options, info.options).from_flags(**flags)
+        opts = options_class(info).from_flags(**flags)
         body = getattr(importlib.import_module(f".{info.module}", __package__), info.function)
         return body(c, opts)
     except LlmfabError as e:

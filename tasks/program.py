@@ -14,7 +14,7 @@ from fabric import __version__ as fabric_version
 from fabric.main import Fab
 
 from . import ns
-from .executor import FanoutExecutor, exit_2_on_bad_arguments
+from .fleet.executor import FanoutExecutor, exit_2_on_bad_arguments
 
 BINARY = "llmfab"
 

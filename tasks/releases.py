@@ -28,8 +28,8 @@ import signal
 import tempfile
 
 from .errors import OperationFailed
-from . import report
-from .fanout import HostResult
+from . import output
+from .fleet.fanout import HostResult
 
 
 def describe_end(rec):
@@ -92,7 +92,7 @@ def rows(listing):
             "ended": describe_end(r), "returncode": ex.get("returncode"),
             "ended_at": ex.get("ended_at"), "log_bytes": r.get("log_bytes"),
             "running": bool(r.get("running")),
-            # its start, if a deploy waited for it (tasks/startup.py): time to ready, phases
+            # its start, if a deploy waited for it (tasks/steps/startup.py): time to ready, phases
             "ready_s": (r.get("startup") or {}).get("ready_s"),
             "startup": (r.get("startup") or {}).get("phases"),
             "compile_cache": (r.get("startup") or {}).get("compile_cache"),
@@ -105,7 +105,7 @@ def table_lines(records):
     body = [["*" if r["current"] else "", r["release"], r["profile_sha"] or "-",
              human_time(r["started_at"]), _ready(r), r["ended"], human_bytes(r["log_bytes"])]
             for r in records]
-    return report.table_lines(head, body)
+    return output.table_lines(head, body)
 
 
 def _ready(rec):
@@ -158,9 +158,9 @@ def saved_profile(text, fallback):
 
 def releases(c, opts):
     """Body of `fab releases` (opts: tasks.options.ReleasesOptions)."""
-    from .runner import load, run_task
-    from .lock import take_lock
-    from .preflight import deploy_dir
+    from .fleet.runner import load, run_task
+    from .steps.lock import take_lock
+    from .steps.preflight import deploy_dir
     profile = load(c, opts.profile)
     keep = opts.keep
     json_mode = opts.json
@@ -189,11 +189,11 @@ def releases(c, opts):
 def rollback_host(host, profile, opts, reporter, to=None):
     """Relaunch the release before `current` (or `to`: a rolling deploy names the one that
     ran before it, which differs when a failed release lies in between)."""
-    from .stop import stop_deployment
-    from .lock import take_lock
-    from .preflight import deploy_dir
-    from .gpuwait import profile_devices
-    from .wait import wait_or_clean_up
+    from .steps.stop import stop_deployment
+    from .steps.lock import take_lock
+    from .steps.preflight import deploy_dir
+    from .steps.gpu_memory import profile_devices
+    from .steps.wait import wait_or_clean_up
     name, ddir = host.name, deploy_dir(profile)
     hello = host.start()
     take_lock(host, ddir, "rollback")
@@ -237,7 +237,7 @@ def rollback_host(host, profile, opts, reporter, to=None):
                              stale_agent=hello.get("pid"))
     reporter.line(name, f"ready in {facts['seconds']:.1f} s: release {prev} on port {old.server.port}")
     result.summary = f"rolled back to {prev}, ready in {facts['seconds']:.1f} s"
-    from . import startup  # this start's phases, kept in the release as its deploy's were
+    from .steps import startup  # this start's phases, kept in the release as its deploy's were
     rec, slower = startup.record(host, old, ddir, server, facts, None, reporter,
                                  log_offset=launched.get("log_offset", 0))
     result.data.update(ready_s=round(facts["seconds"], 3), startup=rec["phases"],
@@ -247,8 +247,8 @@ def rollback_host(host, profile, opts, reporter, to=None):
 
 def rollback(c, opts):
     """Body of `fab rollback` (opts: tasks.options.RollbackOptions)."""
-    from .failreport import reporting_json
-    from .runner import load, run_task
+    from .failures.failed_server import reporting_json
+    from .fleet.runner import load, run_task
     profile = load(c, opts.profile)
     op = reporting_json(lambda h, r: rollback_host(h, profile, opts, r), opts.json)
     run_task(c, profile, op, opts, title="rollback", json_mode=opts.json)

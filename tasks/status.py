@@ -16,8 +16,8 @@ import datetime
 from dataclasses import dataclass, field
 
 from .errors import ExitCode
-from .fanout import HostResult
-from .report import Block, indented
+from .fleet.fanout import HostResult
+from .output import Block, indented
 
 
 @dataclass
@@ -27,7 +27,7 @@ class Status:
     cluster_lines: list = field(default_factory=list)
     cluster_ok: bool = True
     why: str = None                                    # why a dead server ended (the cause)
-    fix: str = None                                    # and what to do (tasks/failreport.py)
+    fix: str = None                                    # and what to do (tasks/failures/failed_server.py)
     source: str = None                                 # the failure rule that said so
     supervisor_lines: list = field(default_factory=list)
 
@@ -57,7 +57,7 @@ def duration(seconds):
 
 def gather(host, profile, ddir):
     """Everything `fab status` reports about one host, as a Status."""
-    from .gpuwait import profile_devices
+    from .steps.gpu_memory import profile_devices
     host.start()
     st = host.call("state", deploy_dir=ddir)
     server = st.get("server") or {}
@@ -86,25 +86,25 @@ def gather(host, profile, ddir):
         models = poll.get("models") or []
         record["served_name"] = models[0] if len(models) == 1 else (models or None)
     if alive and record["health"] == 200:
-        from .metrics import status_metrics
+        from .measure.metrics import status_metrics
         m = status_metrics(host, profile, server)
         record["spec"], record["generation_tokens_per_s"] = m["spec"], m["generation_tokens_per_s"]
         record.update(m.get("load") or {})
         out.metric_lines = m["lines"]
-        if record["spec"] is not None:  # the doctor's verdict and likely causes (tasks/doctor.py)
-            from .doctor import status_verdict, with_verdict
+        if record["spec"] is not None:  # the doctor's verdict and likely causes (tasks/doctor/findings.py)
+            from .doctor.findings import status_verdict, with_verdict
             text, more = status_verdict(host, profile, ddir, server["release"], m, record["spec"])
             if text:
                 out.metric_lines = with_verdict(out.metric_lines, text) + more
-    if profile.cluster is not None:  # the Ray cluster under the server (tasks/cluster.py)
-        from .cluster import cluster_status
+    if profile.cluster is not None:  # the Ray cluster under the server (tasks/fleet/ray_cluster.py)
+        from .fleet.ray_cluster import cluster_status
         record["cluster"], out.cluster_lines, out.cluster_ok = cluster_status(host, profile, ddir)
-    from . import supervision
+    from .steps import supervision
     record["supervisor"] = supervision.record(st.get("supervisor"))
     out.supervisor_lines = supervision.lines(record["supervisor"], (st.get("supervisor") or {}).get("reason"))
     if server and not alive:
         record["exit"] = st.get("exit") or None
-        from .failreport import explain_dead
+        from .failures.failed_server import explain_dead
         ex = explain_dead(host, profile, ddir, server, record["exit"])
         if ex:  # why it died: an engine crash can exit 0, so the log says more than the code
             record["fatal"] = ex.as_json()
@@ -128,12 +128,12 @@ def render(status):
         between = (r.get("supervisor") or {}).get("state")
         if between in ("backoff", "waiting-for-gpu"):
             how = f"is down; the supervisor restarts it ({between})"
-        # why it ended, and the fix, wrapped under the headline (tasks/report.py Block)
+        # why it ended, and the fix, wrapped under the headline (tasks/output.py Block)
         lines = [Block(f"not running: release {r['release']} {how}",
                        (("why", status.why), ("fix", status.fix), ("source", status.source)))]
     else:
         lines = ["not deployed"]
-    from .startup import summary
+    from .steps.startup import summary
     if r["running"] and summary(r):
         lines.append("  " + summary(r) + f" (ready in {r['ready_s']:.1f} s)")
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
@@ -154,8 +154,8 @@ def verdict(status):
 
 def status(c, opts):
     """Body of `fab status` (opts: tasks.options.StatusOptions)."""
-    from .preflight import deploy_dir
-    from .runner import load, run_task
+    from .steps.preflight import deploy_dir
+    from .fleet.runner import load, run_task
     profile = load(c, opts.profile)
     ddir = deploy_dir(profile)
 

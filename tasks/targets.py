@@ -21,7 +21,7 @@ import os
 import sys
 
 from .errors import ExitCode, UsageError
-from .fanout import HostResult, worst
+from .fleet.fanout import HostResult, worst
 
 
 def address(host, server_host):
@@ -45,7 +45,7 @@ def entry(addr, port, labels):
 
 def running_entry(host, profile, reporter):
     """(file_sd entry or None, why it was left out)."""
-    from .preflight import deploy_dir
+    from .steps.preflight import deploy_dir
     from .releases import saved_profile
     ddir = deploy_dir(profile)
     host.start()
@@ -110,8 +110,8 @@ def render(entries):
 def targets(c, opts):
     """Body of `fab targets` (opts: tasks.options.TargetsOptions)."""
     from .errors import TaskFailed
-    from .report import Reporter
-    from .runner import hosts_for, load, run_hosts
+    from .output import Reporter
+    from .fleet.runner import hosts_for, load, run_hosts
     profile = load(c, opts.profile)
     if opts.out:
         out_path(opts.out)  # bad input: before any host is touched

@@ -41,7 +41,15 @@ LAB_FIXTURES = {"lab", "make_lab"}
 REAL_ENGINE_FIXTURES = {"real_vllm", "tiny_target", "tiny_drafter", "tiny_unknown_arch"}
 
 
+# tests/<folder>/: what its tests need (tests/README.md). A test in the wrong folder stops the run.
+FOLDERS = {"unit": lambda kw: "e2e" not in kw and "real_engine" not in kw and "gpu" not in kw,
+           "lab": lambda kw: "e2e" in kw and "real_engine" not in kw,
+           "real": lambda kw: "real_engine" in kw,
+           "gpu": lambda kw: "gpu" in kw}
+
+
 def pytest_collection_modifyitems(config, items):
+    misplaced = []
     for item in items:
         # A test that uses a lab is end-to-end whether or not it says so (also when a
         # module overrides the `lab` fixture with its own HostLab).
@@ -50,6 +58,12 @@ def pytest_collection_modifyitems(config, items):
         if (REAL_ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
                 and "real_engine" not in item.keywords):
             item.add_marker(pytest.mark.real_engine)
+        folder = item.path.parent.name
+        if item.path.parent.parent.name == "tests" and not FOLDERS.get(folder, lambda kw: False)(item.keywords):
+            misplaced.append(item.nodeid)
+    if misplaced:
+        raise pytest.UsageError("tests in the wrong folder for what they need (tests/README.md): "
+                                + ", ".join(misplaced[:10]))
     if _run_ray(config):
         return
     skip = pytest.mark.skip(reason="Ray test: run with --run-ray (CI=true implies it)")

@@ -64,7 +64,7 @@ def vllm_profile(lab, name, host, port, env=(), *, timeout=60, workdir=None, rea
 
 def flat(text):
     """Human output as one line of words: host prefixes dropped, every run of whitespace one
-    space. A finding is wrapped to the terminal (80 columns in a test: tasks/report.py Block);
+    space. A finding is wrapped to the terminal (80 columns in a test: tasks/output.py Block);
     what it says stays a substring of this whatever the width."""
     return " ".join(" ".join(re.sub(r"^\[[^\]]+\] ", "", line) for line in text.splitlines()).split())
 

@@ -1,7 +1,7 @@
 """The host-side agent: one long-lived process per task and host.
 
 llmfab sends exactly one remote command per task and host: the profile's Python
-with a short bootstrap (tasks/agent_bootstrap.py, minified) that finds this package's
+with a short bootstrap (tasks/transport/agent_bootstrap.py, minified) that finds this package's
 code cached on the host (or receives it once) and calls `serve()`. Requests then
 flow as JSON lines over the same channel, so a poll tick costs no new remote
 command and no shell start-up. Every op is a row of ops.py (module, function); a

@@ -20,7 +20,7 @@ class HostError(Exception):
 def site_packages():
     """Put the interpreter's site-packages (and its .pth files) on sys.path, once.
 
-    The agent runs with `python -S` (tasks/agentpayload.py AGENT_FLAGS): most tasks need only the
+    The agent runs with `python -S` (tasks/transport/agent_code.py AGENT_FLAGS): most tasks need only the
     standard library, and an ML environment's site start-up (dozens of .pth files) is paid
     by every task on every host otherwise. What looks up an installed package (the engine's
     version, Ray) calls this first; site.main() is what the interpreter would have run."""

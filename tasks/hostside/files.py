@@ -10,7 +10,7 @@ from .common import HostError
 def op_put_file(req):
     """Write `data` (base64) to the absolute `path`, byte for byte, with `mode` (0o644).
 
-    How llmfab pushes a file (tasks/agentclient.py Host.put): on the agent's own channel,
+    How llmfab pushes a file (tasks/transport/agent.py Host.put): on the agent's own channel,
     so a deploy needs one remote command, not a second one for SFTP. A new release's own
     files come with op new_release instead (tasks/hostside/releases.py)."""
     return {"bytes": write_file(req["path"], base64.b64decode(req["data"]), req.get("mode", 0o644))}

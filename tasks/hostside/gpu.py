@@ -136,7 +136,7 @@ def select(gpus, devices):
 
 # "Back" after a stop: a GPU is back to a reading once it is within max(TOLERANCE_MIB,
 # TOLERANCE_FRACTION of that reading) of it. The driver keeps some bookkeeping, and other
-# tenants of a shared GPU move a little. `fab stop`, `fab kill-gpu-procs` (tasks/gpuwait.py)
+# tenants of a shared GPU move a little. `fab stop`, `fab kill-gpu-procs` (tasks/steps/gpu_memory.py)
 # and the supervisor before a restart all use these.
 TOLERANCE_MIB = 256
 TOLERANCE_FRACTION = 0.02

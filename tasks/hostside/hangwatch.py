@@ -1,11 +1,11 @@
 """The supervisor's eyes: hang detection over HTTP, and the fatal line (and rule) of an attempt's log.
 
-Shipped into a supervised release with the supervisor (tasks/launcher.py). Hung (DESIGN.md "Supervision"), once the
+Shipped into a supervised release with the supervisor (tasks/steps/launcher.py). Hung (DESIGN.md "Supervision"), once the
 server answered /health 200: no 200 for `hang_timeout` s since the last one (a probe
 fails after min(5, hang_timeout) s), or requests running/waiting while the generated-token
 counter in /metrics stays put for `hang_timeout` s. Busy and progressing, or idle with
 nothing waiting, is not hung. The fatal line is chosen from the failure-rule table as
-tasks/logscan.py chooses it (a unit test holds the two to the same answers). Standard
+tasks/failures/logscan.py chooses it (a unit test holds the two to the same answers). Standard
 library only, Python >= 3.9.
 """
 import http.client
@@ -13,13 +13,13 @@ import json
 import re
 import time
 
-# The failure-rule table (tasks/failrules/) comes as data: supervise_rules.json beside
+# The failure-rule table (tasks/failures/rules/) comes as data: supervise_rules.json beside
 # this file, [{id, priority, wrapper, patterns: [{regex, after}]}], highest priority first.
 EXCEPTION = re.compile(r"^(?:\(\w+[^)]*\) )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b(?::|$)")
 READ_MAX = 4 << 20  # bytes of an attempt's log read for its fatal line (the tail if longer)
 
 # The Prometheus names of vLLM's and SGLang's counters llmfab reads, here and in
-# tasks/metrics.py (which imports them from here).
+# tasks/measure/metrics.py (which imports them from here).
 GENERATED = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "sglang:num_requests_running")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "sglang:num_requests_waiting")
@@ -47,7 +47,7 @@ def load_rules(path):
 
 
 def _rule_of(rules, lines, n):
-    for rule_id, wrapper, priority, pats in rules:  # highest priority first, as tasks/logscan.py
+    for rule_id, wrapper, priority, pats in rules:  # highest priority first, as tasks/failures/logscan.py
         for regex, after in pats:
             if regex.search(lines[n]) and (after is None or any(after.search(b) for b in lines[max(0, n - 4):n])):
                 return rule_id, wrapper, priority
@@ -57,7 +57,7 @@ def _rule_of(rules, lines, n):
 def fatal_line(log_path, offset, rules=()):
     """(line, rule id) of what explains this attempt's end, from the log written since
     `offset`: the highest-priority root-cause line (the earliest of equals), else the
-    first wrapper line (`Engine core initialization failed`, ...), as tasks/logscan.py
+    first wrapper line (`Engine core initialization failed`, ...), as tasks/failures/logscan.py
     decides; with no known line, (the last exception line of a traceback, None), else
     (None, None)."""
     try:

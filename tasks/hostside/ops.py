@@ -3,7 +3,7 @@
 A request `{"op": name, ...}` runs `<module>.<function>(request)` of this package. The
 agent (agent.py) imports a module only when the first request for one of its ops
 arrives, so a task pays only for the code it uses. A new op is a row here and a function
-`op_<name>(req)` in the module that holds its capability; tests/test_agent_code.py holds
+`op_<name>(req)` in the module that holds its capability; tests/unit/test_agent_code.py holds
 the table and the modules to each other. Standard library only; Python >= 3.9.
 """
 from collections import namedtuple
@@ -36,7 +36,7 @@ OPS = {
     "kernel_oom": OpInfo("oomkill", "op_kernel_oom", "the kernel's OOM-killer lines (dmesg)"),
     "packages": OpInfo("pkginfo", "op_packages", "installed versions, and the torch each package "
                                                  "needs, in the server's environment"),
-    "spec_evidence": OpInfo("speclog", "op_spec_evidence", "the doctor's view of a release in one request"),
+    "spec_evidence": OpInfo("doctor_log", "op_spec_evidence", "the doctor's view of a release in one request"),
     "startup": OpInfo("startup", "op_startup", "a ready start's phases from its log, kept as startup.json, "
                                                "with the previous start of the profile"),
     "startup_last": OpInfo("startup", "op_startup_last", "before a launch: the previous start of this "

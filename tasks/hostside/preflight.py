@@ -25,7 +25,7 @@ def check_python():
 def check_engine(engine, argv0=None):
     """The engine's import package and the distribution providing it (engineid.py): the record
     carries them as `engine` ({package, distribution, version}), from which the client picks
-    the entry point it launches (tasks/argv.py)."""
+    the entry point it launches (tasks/steps/argv.py)."""
     info = engineid.identify(engine)
     if info is not None:
         import importlib.util
@@ -122,9 +122,9 @@ def run(req):
     checks = [check_python(), check_engine(req["engine"], req.get("argv0"))]
     checks += check_paths(req.get("paths", []))
     checks += modelcheck.run(req.get("models"))
-    if (req.get("doctor") or {}).get("method"):  # rules of specrules.py (a speculative method)
-        from . import specdoctor
-        checks += specdoctor.checks(specdoctor.run(req["doctor"])[1])
+    if (req.get("doctor") or {}).get("method"):  # rules of doctor_rules.py (a speculative method)
+        from . import doctor_check
+        checks += doctor_check.checks(doctor_check.run(req["doctor"])[1])
     checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
     if req.get("deploy_dir"):
         checks.append(check_disk(req["deploy_dir"]))

@@ -6,7 +6,7 @@ supervisor, tasks/hostside/supervisor.py, ending what is left of a crashed attem
 Stragglers are processes that left the server's process group (e.g. a worker that
 called setsid) but still carry the launcher's `LLMFAB_RELEASE` environment marker.
 The answer carries the release's gpu-baseline.json so the caller can wait until the
-GPUs are back to what they held before the launch (tasks/gpuwait.py does).
+GPUs are back to what they held before the launch (tasks/steps/gpu_memory.py does).
 """
 import os
 import signal

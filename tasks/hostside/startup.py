@@ -27,7 +27,7 @@ cache), "cold" when it compiled with nothing to start from, None when nothing co
 The op `startup` reads a release's server.log after it became ready (with the reader
 the wait uses, probe.read_log), writes startup.json beside it and answers it with the
 last good start of the same profile and engine version (`previous`), for the estimate
-and the slower-phase WARN (tasks/startup.py). `startup_last` answers only that
+and the slower-phase WARN (tasks/steps/startup.py). `startup_last` answers only that
 previous start, before a launch. Standard library only; Python >= 3.9.
 """
 import hashlib

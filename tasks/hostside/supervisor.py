@@ -2,7 +2,7 @@
 
 launch.py's reaper (the session leader that outlives the SSH session) imports
 supervise.py beside it, which runs `run()` from this module: shipped into the release
-with the modules it uses as the package llmfab_host/ (tasks/launcher.py). It starts the
+with the modules it uses as the package llmfab_host/ (tasks/steps/launcher.py). It starts the
 server, and when the server ends (or hangs, see hangwatch.py) it records the attempt in
 restarts.jsonl, stops what is left of it exactly as `fab stop` does (procs.py: TERM the
 group once, grace, KILL, sweep by the LLMFAB_RELEASE marker), waits until GPU memory is

@@ -5,7 +5,7 @@ agent checks, every TICK_S on the host, what decides a deploy:
 
 - the process exiting (its last log lines are read after it is gone);
 - the log growing with a line that matches one of the client's `hints` (the fatal-line
-  patterns of tasks/logscan.py, sent with the request so their table stays the client's);
+  patterns of tasks/failures/logscan.py, sent with the request so their table stays the client's);
   the verdict itself stays the client's scanner's, this only answers early;
 - the port starting to accept connections, then /health and /v1/models answering
   differently from the state the client last saw (`seen`).

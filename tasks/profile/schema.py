@@ -162,7 +162,7 @@ def _target(ck, t, default_name):
                      f"{NAME_RULE} (the default is the profile's file name; set [target] name)")
     workdir = ck.get(t, p, "workdir", _workdir, "~/llmfab")
     keep = ck.get(t, p, "keep_releases", lambda c, v, q: c.integer(v, q, lo=2), 5)
-    # deploy in batches of this many hosts (tasks/rolling.py); None: all at once
+    # deploy in batches of this many hosts (tasks/fleet/rolling.py); None: all at once
     rolling = ck.get(t, p, "rolling", lambda c, v, q: c.integer(v, q, lo=1), None)
     return Target(hosts=hosts, name=name, workdir=workdir, keep_releases=keep, rolling=rolling)
 

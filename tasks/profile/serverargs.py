@@ -9,7 +9,7 @@
     flags.model_paths()                 # [("server.args.speculative-config.model", "/m")]
 
 Every reader of `[server.args]` asks this object; none looks into the raw pairs by name. The
-raw pairs (`Server.args`, in file order) are what tasks/argv.py renders onto the command line.
+raw pairs (`Server.args`, in file order) are what tasks/steps/argv.py renders onto the command line.
 
 Dotted keys (`"speculative-config.model" = "/m"`) fold into a table under their flag, as
 vLLM's parser does, so a drafter named that way is found like one written as a whole table.

@@ -41,7 +41,7 @@ class Target:
     name: str                        # deployment name: [A-Za-z0-9._-], not "." / ".."
     workdir: str                     # on the host; "~" allowed at the start
     keep_releases: int = 5
-    rolling: Optional[int] = None    # deploy in batches of N hosts (tasks/rolling.py); None: all at once
+    rolling: Optional[int] = None    # deploy in batches of N hosts (tasks/fleet/rolling.py); None: all at once
 
 
 @dataclass(frozen=True)

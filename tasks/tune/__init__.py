@@ -9,5 +9,5 @@
 
 It reuses, never re-implements: deploy (tasks/deploy.py deploy_host), bench
 (tasks/bench.py measure_once, tasks/hostside/bench.py), the doctor's verdict, stop and
-rollback (tasks/releases.py rollback_host), and the shipped prompts (tasks/workload.py).
+rollback (tasks/releases.py rollback_host), and the shipped prompts (tasks/measure/workload.py).
 """

@@ -10,7 +10,7 @@ before from its own files (as `fab rollback` does), or stops the deployment if n
 `--keep winner` deploys the tuned profile as `fab deploy` would.
 """
 from ..errors import UsageError
-from ..fanout import HostResult
+from ..fleet.fanout import HostResult
 
 
 def survey_op(profile, ddir):
@@ -54,11 +54,11 @@ def put_back(host, base, before, reporter, *, keep, tuned=None, stale_agent=None
     """Leave `host` running `before` (a release, or nothing) or, with keep == "winner", the
     tuned profile. `stale_agent`: the sweep's own agent on this host (Ctrl-C), ended if it
     still holds the lock. Returns a phrase saying what runs now."""
-    from ..lock import take_lock
+    from ..steps.lock import take_lock
     from ..options import DeployOptions, RollbackOptions
-    from ..preflight import deploy_dir
+    from ..steps.preflight import deploy_dir
     from ..releases import rollback_host
-    from ..stop import stop_deployment
+    from ..steps.stop import stop_deployment
     ddir = deploy_dir(base)
     host.start()
     take_lock(host, ddir, "tune", stale_agent=stale_agent)

@@ -10,7 +10,7 @@ the deployment's lock all along), measures it:
 2. bench it exactly as `fab bench` does (tasks/bench.py measure_once: one warm-up request,
    the measured window, /metrics before and after, the doctor's verdict over the window),
    at each concurrency, `repeat` times, the same seeded prompts every time;
-3. stop it (tasks/stop.py, GPU memory back to its baseline).
+3. stop it (tasks/steps/stop.py, GPU memory back to its baseline).
 
 So H alike hosts take about 1/H of the time. Ctrl-C sets `cancel`: every host call made
 after it raises Cancelled (a BaseException, so no clean-up path in between runs: the task
@@ -19,7 +19,7 @@ body restores what ran before on fresh connections, ending these agents).
 import threading
 import time
 
-from ..agentclient import ConnectionLost, Host
+from ..transport.agent import ConnectionLost, Host
 from ..errors import HostUnreachable, LlmfabError, OperationFailed, PreflightFailed
 from . import results
 
@@ -54,7 +54,7 @@ class SweepHost(Host):
 
 class Workload:
     """What every variant is measured with: concurrencies, requests, max_tokens, repeat, and
-    the seeded prompts (tasks/workload.py), sent greedy (temperature 0) so each variant
+    the seeded prompts (tasks/measure/workload.py), sent greedy (temperature 0) so each variant
     generates the same text and acceptance compares like with like. vLLM and SGLang are also
     asked to ignore end-of-sequence (`ignore_eos`, both servers' own request field, as
     `vllm bench serve --ignore-eos` does): every request yields max_tokens, so each variant
@@ -161,8 +161,8 @@ class Sweep:
         from ..bench import measure_once
         from ..deploy import deploy_host
         from ..options import DeployOptions
-        from ..preflight import deploy_dir
-        from ..stop import stop_deployment
+        from ..steps.preflight import deploy_dir
+        from ..steps.stop import stop_deployment
         profile, name, log = variant.profile, host.name, self.log
         ddir = deploy_dir(profile)
 

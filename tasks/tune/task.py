@@ -60,8 +60,8 @@ def _check_resume(out, plan):
 
 
 def tune(c, opts):
-    """Body of `fab tune` (opts: tasks.options.TuneOptions)."""
-    from ..runner import load
+    """Body of `fab tune` (opts: tasks.tune.options.TuneOptions)."""
+    from ..fleet.runner import load
     from .variants import build
     base = load(c, opts.profile)
     if base.cluster is not None:
@@ -92,8 +92,8 @@ def tune(c, opts):
 
 class Sweeper:
     def __init__(self, c, opts, base, variants, out, objective):
-        from ..report import Reporter
-        from ..runner import host_kwargs, hosts_for
+        from ..output import Reporter
+        from ..fleet.runner import host_kwargs, hosts_for
         self.c, self.opts, self.base, self.variants = c, opts, base, variants
         self.out, self.objective = out, objective
         self.hosts = hosts_for(c, base)
@@ -105,8 +105,8 @@ class Sweeper:
     # -- phases ----------------------------------------------------------------------------
     def survey(self):
         """{host: release running now or None}; exit 3 / 2 before anything changes."""
-        from ..fanout import run_all
-        from ..preflight import deploy_dir
+        from ..fleet.fanout import run_all
+        from ..steps.preflight import deploy_dir
         from .hosts import check_alike, survey_op
         res = run_all(self.hosts, survey_op(self.base, deploy_dir(self.base)),
                       parallel=self.opts.parallel, reporter=self.term, host_kwargs=self.kw)
@@ -124,7 +124,7 @@ class Sweeper:
         return {r.host: r.data["running"] for r in res}
 
     def run(self):
-        from .. import workload
+        from ..measure import workload
         from .sweep import Sweep, Workload
         o = self.opts
         before = self.survey()
@@ -219,8 +219,8 @@ class Sweeper:
 
     def put_back(self, before, *, keep, tuned=None, stale=None):
         """Every host back to what ran before (or the winner), in parallel, fresh connections."""
-        from ..agentclient import Host
-        from ..fanout import report_error
+        from ..transport.agent import Host
+        from ..output import report_error
         from .hosts import put_back
 
         def one(name):

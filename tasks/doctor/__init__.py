@@ -1,0 +1,1 @@
+"""The speculative-decoding doctor, client side: host requests, live verdicts, findings."""

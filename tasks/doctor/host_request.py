@@ -1,0 +1,53 @@
+"""The `doctor` section of a host request, derived from the profile. Pure; no I/O.
+
+The host (tasks/hostside/doctor_check.py) reads the engine version and the drafter's and the
+target's config.json and evaluates the rule table over them; this module says which
+method, directories, draft length, runner env and prefix caching the profile asks for, each
+with the profile key a message should name, and which FAIL rules the profile accepts.
+"""
+from ..profile.models import models_request
+from ..profile.types import Profile
+
+
+def _prefix_caching(args):
+    """{value: True | False | None (not set: vLLM's default, on), key} of prefix caching."""
+    if not args.has("enable-prefix-caching"):
+        # the negative flag as its own key
+        if args.value("no-enable-prefix-caching") is True:
+            return {"value": False, "key": args.key("no-enable-prefix-caching")}
+        return {"value": None, "key": None}
+    return {"value": bool(args.value("enable-prefix-caching")), "key": args.key("enable-prefix-caching")}
+
+
+def _hub_only(profile):
+    """vLLM models named by Hugging Face id (nothing to read on the host): the version rules
+    still apply, so the method and draft length are taken from the speculative config."""
+    spec = profile.server.flags.speculative
+    if profile.server.engine != "vllm" or spec is None or spec.method is None:
+        return None
+    k = spec.num_speculative_tokens
+    return {"engine": "vllm", "method": spec.method.lower(), "draft": None, "target": None,
+            "keys": {"method": spec.key_of("method"), "draft": spec.key_of("model")},
+            "spec_tokens": {"value": k, "key": spec.key_of("num_speculative_tokens"), "over": 0}
+            if isinstance(k, int) and not isinstance(k, bool) else None}
+
+
+def doctor_request(profile: Profile):
+    """The doctor's inputs for this profile, or None when it does no speculative decoding."""
+    m = models_request(profile) or _hub_only(profile)
+    if not m or not m.get("method"):
+        return None
+    env = dict(profile.server.env)
+    v2 = env.get("VLLM_USE_V2_MODEL_RUNNER")
+    v2 = getattr(v2, "value", v2)
+    if isinstance(v2, str):
+        v2 = {"true": "1", "false": "0"}.get(v2.strip().lower(), v2.strip())
+    check = getattr(profile, "check", None)
+    return {
+        "engine": m["engine"], "method": m["method"],
+        "method_key": m["keys"].get("method"), "draft": m.get("draft"),
+        "draft_key": m["keys"].get("draft"), "target": m.get("target"),
+        "k": m.get("spec_tokens"), "v2_env": v2,
+        "prefix_caching": _prefix_caching(profile.server.flags),
+        "accept": list(check.accept) if check is not None else [],
+    }

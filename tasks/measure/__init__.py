@@ -1,0 +1,1 @@
+"""Measuring a running server: /metrics, bench arithmetic, repeats, the shipped workload."""

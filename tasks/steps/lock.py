@@ -1,0 +1,45 @@
+"""The deployment's lock, from the client: take it on the host or say who holds it.
+
+The host side (tasks/hostside/lock.py) holds a flock that dies with its agent.
+"""
+import getpass
+import socket
+
+from ..transport.agent import AgentError
+from ..errors import LockHeld
+
+
+def lock_info():
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "?"
+    return {"user": user, "client": socket.gethostname()}
+
+
+def take_lock(host, ddir, task, stale_agent=None):
+    """Take the deployment's lock, or raise LockHeld naming its holder.
+
+    `stale_agent`: pid of this task's own agent from before a lost connection; if that
+    agent still holds the lock (the host has not noticed the connection died), it is ended.
+    Returns the host's answer ({path, ended_stale_agent})."""
+    return locked(host, ddir, task, stale_agent=stale_agent)[0]
+
+
+def locked(host, ddir, task, stale_agent=None, then=()):
+    """take_lock, and in the same round trip the requests `then` ([(op, kwargs)]), run on the
+    host once the lock is held: [the lock's answer, their results...]."""
+    lock = ("lock", dict(deploy_dir=ddir, task=task, stale_agent=stale_agent, **lock_info()))
+    try:
+        if then:
+            return host.batch([lock, *then])
+        return [host.call(lock[0], **lock[1])]
+    except AgentError as e:
+        if e.kind != "lock_held" or e.data.get("batch_index", 0) != 0:
+            raise
+        h = e.data.get("holder", {})
+        raise LockHeld(f"deployment {ddir} is locked by {h.get('user', '?')}@{h.get('from', '?')} "
+                       f"({h.get('task', '?')}, agent pid {h.get('pid', '?')} on {h.get('host', '?')}) "
+                       f"since {h.get('since', '?')}; try again when it is done (if that task's "
+                       f"connection died, its agent ends when the host notices, or end it now "
+                       f"with `kill {h.get('pid', 'PID')}` there)") from None

@@ -1,0 +1,117 @@
+"""The preflight, from the client: what to ask the host to check, and the verdict.
+
+The host runs the checks (tasks/hostside/preflight.py: Python, engine version from
+package metadata, model paths and config.json files, port, disk, GPU memory); the
+client adds what it alone can judge from the profile (an open port without a key),
+prints one line per check and stops the task on any FAIL (exit 1, nothing launched).
+"""
+from ..errors import PreflightFailed
+from ..hostside.probe import ALL_INTERFACES
+from ..profile.models import models_request
+from ..output import Block
+from ..profile.types import Profile
+from ..doctor.host_request import doctor_request
+
+
+def deploy_dir(profile: Profile):
+    return f"{profile.target.workdir.rstrip('/')}/{profile.target.name}"
+
+
+def model_paths(profile: Profile):
+    """(key, absolute path) pairs the host must have: the model and any drafter/model path in args."""
+    s = profile.server
+    head = [("server.model", s.model)] if s.model and s.model.startswith("/") else []
+    return head + s.flags.model_paths()
+
+
+def preflight_request(profile: Profile, state=None):
+    """The host's preflight request. `state` (the agent's "state" answer) tells whether this
+    deployment is running on the same port: then the port counts as ours, to be freed by the
+    stop that precedes the launch, not as taken."""
+    s = profile.server
+    req = dict(
+        engine=s.engine,
+        argv0=s.command[0] if s.engine == "command" and s.command else None,
+        paths=model_paths(profile),
+        host=s.host, port=s.port, deploy_dir=deploy_dir(profile),
+        nvidia_smi=profile.gpu.nvidia_smi,
+        devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
+        min_free_mib=profile.gpu.min_free_mib,
+        models=models_request(profile),
+        doctor=doctor_request(profile),  # the rules of tasks/hostside/doctor_rules.py
+    )
+    server = (state or {}).get("server") or {}
+    if state and state.get("alive") and server.get("port") == s.port:
+        req["port_owner_pgid"] = server["pgid"]
+    return req
+
+
+# What vLLM's API key leaves open: its middleware checks the key only on paths under these
+# prefixes (vLLM 0.32 vllm/entrypoints/serve/middleware/authenticate.py GUARDED_PREFIX), so
+# every other route answers without it. Seen in vLLM 0.32.0 (CPU build) started with --api-key,
+# asked without the key: /v1/models and /v1/completions 401; /health, /metrics, /version, /ping,
+# /load and POST /tokenize 200; POST /invocations (SageMaker's route) 200 with a completion.
+VLLM_KEY_GUARDS = ("/v1", "/v2", "/inference", "/cohere")
+VLLM_KEY_LEAVES_OPEN = ("/metrics", "/health", "/version", "/tokenize")
+
+
+def exposure_checks(profile: Profile):
+    """WARN when the server listens on every address: with no API key, anyone who reaches
+    the port can use it (vLLM and SGLang take --api-key, vLLM also VLLM_API_KEY); with a key,
+    vLLM still answers every path outside VLLM_KEY_GUARDS to anyone, /invocations (which
+    generates) included."""
+    s = profile.server
+    if s.engine not in ("vllm", "sglang"):
+        return []
+    host = s.flags.value("host", default=s.host)
+    port = s.flags.value("port", default=s.port)
+    if str(host) not in ALL_INTERFACES:
+        return []
+    tunnel = (f'bind [server] host = "127.0.0.1" and reach it through an SSH tunnel '
+              f"(ssh -L {port}:127.0.0.1:{port} HOST)")
+    if profile.api_key is None:
+        message = (f"the server listens on {host}:{port} with no API key: anyone who can reach port "
+                   f"{port} can use it. Either set a key from your environment ([server.env] "
+                   f'VLLM_API_KEY = {{ from_env = "VLLM_API_KEY" }}), or {tunnel}')
+    elif s.engine == "vllm":
+        message = (f"the server listens on {host}:{port}, and vLLM's API key guards only paths under "
+                   f"{', '.join(VLLM_KEY_GUARDS)}: {', '.join(VLLM_KEY_LEAVES_OPEN)} and /invocations "
+                   f"(which generates, as /v1/completions does) answer anyone who can reach port {port} "
+                   f"without it. To close them, {tunnel}, or let only your clients reach the port")
+    else:
+        return []
+    return [{"status": "WARN", "check": "exposure", "message": message}]
+
+
+def check_block(c):
+    """A preflight record for people: `STATUS check message`, wrapped under its message; a
+    doctor's finding as its headline, fix and source (tasks/doctor/findings.py)."""
+    if c.get("finding"):
+        from ..doctor.findings import finding_block
+        return finding_block(c["finding"])
+    head = f"{c['status']:<4} {c['check']:<8} "
+    return Block(head + c["message"], hang=len(head))
+
+
+def print_checks(reporter, name, checks):
+    for c in checks:
+        reporter.line(name, check_block(c))
+
+
+def run_preflight(host, reporter, req, extra=()):
+    """Run the host's preflight (plus the client's `extra` checks); print one line per check;
+    raise PreflightFailed on any FAIL. Returns every check."""
+    checks = host.call("preflight", timeout=120, **req)["checks"] + list(extra)
+    print_checks(reporter, host.name, checks)
+    counts = {s: sum(c["status"] == s for c in checks) for s in ("OK", "WARN", "FAIL")}
+    reporter.line(host.name, f"preflight: {len(checks)} checks: {counts['OK']} OK, "
+                             f"{counts['WARN']} WARN, {counts['FAIL']} FAIL")
+    failed = [c for c in checks if c["status"] == "FAIL"]
+    if failed:
+        err = PreflightFailed(f"preflight failed ({len(failed)} check(s)); nothing was launched",
+                              details=[check_block(c) for c in failed])
+        err.checks = checks
+        raise err
+    return checks
+
+

