@@ -3,7 +3,8 @@
 The record has exactly the fields DESIGN.md fixes (JSON Lines, one per host):
 host, requests, errors, duration_s, requests_per_s, output_tokens_per_s,
 ttft_ms {p50, p90}, itl_ms {p50, p90}, spec {acceptance_rate, mean_acceptance_length,
-per_position} or null, and tpot_ms {p50, p90} besides. `requests` counts measured requests
+per_position} or null, and tpot_ms {p50, p90} and server_ms {ttft_mean, tpot_mean} (the
+server's own histograms over the window, or null) besides. `requests` counts measured requests
 (the warm-up is excluded); requests_per_s and output_tokens_per_s count successful requests
 over the window. TTFT, ITL and TPOT are `vllm bench serve`'s (tasks/hostside/bench.py says
 which streamed chunks count): TPOT, time per output token after the first, is per request
@@ -22,7 +23,9 @@ from ..output import Block
 FIELDS = ("host", "requests", "errors", "duration_s", "requests_per_s", "output_tokens_per_s",
           "ttft_ms", "itl_ms", "spec")
 # Added after DESIGN.md's fields (a saved result without them still reads for --compare).
-EXTRA_FIELDS = ("tpot_ms",)
+EXTRA_FIELDS = ("tpot_ms", "server_ms")
+# ITL p50 below this share of the server's own TPOT: the tokens reached the client in bursts.
+BURST_SHARE = 0.1
 
 
 def percentile(values, q):
@@ -64,6 +67,26 @@ def tpot_s(sample):
     return (end - sample["ttft_s"]) / (sample["output_tokens"] - 1)
 
 
+def window_server(raw):
+    """The server's own TTFT/TPOT means over the bench window (metrics.server_means), or None."""
+    after, before = raw["after"].get("text"), raw["before"].get("text")
+    if not after:
+        return None
+    try:
+        return metrics.server_means(metrics.parse(after), metrics.parse(before) if before else None)
+    except ValueError:
+        return None
+
+
+def bursts(rec):
+    """Whether the tokens reached the client in bursts: its ITL p50 a small share of the
+    server's own time per token. Then its TTFT and TPOT percentiles show when the client got
+    to read (a loaded host's scheduling), not the server; the server's own means do not."""
+    itl = (rec.get("itl_ms") or {}).get("p50")
+    tpot = (rec.get("server_ms") or {}).get("tpot_mean")
+    return itl is not None and bool(tpot) and itl < BURST_SHARE * tpot
+
+
 def record(host, raw, spec):
     """The result record of one host from the agent's raw answer."""
     samples = raw["samples"]
@@ -81,6 +104,7 @@ def record(host, raw, spec):
         "itl_ms": _ms([x for s in ok for x in s["itl_s"]]),
         "spec": metrics.rounded(spec),
         "tpot_ms": _ms([t for t in map(tpot_s, ok) if t is not None]),
+        "server_ms": window_server(raw),
     }
 
 
@@ -113,9 +137,25 @@ def human_lines(rec, engine, metrics_error=None, verdict=None):
         f"TTFT ms         p50 {_num(rec['ttft_ms']['p50'], '.1f')}  p90 {_num(rec['ttft_ms']['p90'], '.1f')}",
         f"ITL ms          p50 {_num(rec['itl_ms']['p50'], '.2f')}  p90 {_num(rec['itl_ms']['p90'], '.2f')}",
     ] + ([f"TPOT ms         p50 {_num(rec['tpot_ms']['p50'], '.2f')}  p90 {_num(rec['tpot_ms']['p90'], '.2f')}"]
-         if rec.get("tpot_ms") else []) + [
+         if rec.get("tpot_ms") else []) + server_lines(rec) + [
         spec_line,
     ] + list(more)
+
+
+def server_lines(rec):
+    """The server's own means over the window, and the burst note (see bursts)."""
+    srv = rec.get("server_ms")
+    if not srv:
+        return []
+    lines = [f"server's own    TTFT mean {_num(srv.get('ttft_mean'), '.1f')} ms, TPOT mean "
+             f"{_num(srv.get('tpot_mean'), '.2f')} ms (its /metrics over the window)"]
+    if bursts(rec):
+        lines.append(Block(
+            f"note: the tokens reached this client in bursts (ITL p50 {rec['itl_ms']['p50']:.2f} ms, "
+            f"the server's {srv['tpot_mean']:.2f} ms a token): the TTFT and TPOT percentiles above "
+            "show when the host let the client read (a loaded machine), not the server's speed; "
+            "its own means do not depend on it", hang=6))
+    return lines
 
 
 # -- --compare ---------------------------------------------------------------------------

@@ -28,6 +28,13 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:tok
 SGLANG_RATE = ("sglang:spec_accept_rate",)
 
 
+# The server's own latency histograms (vLLM 0.32 vllm/v1/metrics/loggers.py): the change of
+# their sum and count over a window is its mean TTFT and TPOT there, measured where no client's
+# scheduling touches them.
+SERVER_TTFT = "vllm:time_to_first_token_seconds"
+SERVER_TPOT = "vllm:request_time_per_output_token_seconds"
+
+
 @dataclass
 class Snapshot:
     """Samples summed over label sets (engines, models); per-position counts by position."""
@@ -70,6 +77,21 @@ def _delta(after, before):
     if before is None or after < before:
         return after
     return after - before
+
+
+def server_means(after, before=None):
+    """{"ttft_mean", "tpot_mean"} in ms from the server's own histograms over the window
+    between two snapshots; None when it has neither (SGLang, an older vLLM); a figure is None
+    when no request finished in the window."""
+    out = {}
+    for key, name in (("ttft_mean", SERVER_TTFT), ("tpot_mean", SERVER_TPOT)):
+        total, count = after.get((name + "_sum",)), after.get((name + "_count",))
+        if total is not None and count is not None and before is not None:
+            total0, count0 = before.get((name + "_sum",), 0.0), before.get((name + "_count",), 0.0)
+            if count >= count0:  # else the server restarted in between: all of it is the window's
+                total, count = total - total0, count - count0
+        out[key] = round(1000.0 * total / count, 3) if count else None
+    return out if any(k in after.values for k in (SERVER_TTFT + "_count", SERVER_TPOT + "_count")) else None
 
 
 def spec_window(after, before=None):

@@ -34,6 +34,9 @@ def summarize(records):
     for key in ("ttft_ms", "itl_ms", "tpot_ms"):
         if any(key in r for r in records):
             out[key] = {q: _median([(r.get(key) or {}).get(q) for r in records]) for q in ("p50", "p90")}
+    servers = [r["server_ms"] for r in records if r.get("server_ms")]
+    if servers:
+        out["server_ms"] = {k: _median([s.get(k) for s in servers]) for k in ("ttft_mean", "tpot_mean")}
     specs = [r["spec"] for r in records if r.get("spec")]
     if specs:
         spec = dict(specs[-1])  # the last window's verdict and findings stand for the set
