@@ -192,17 +192,30 @@ def modules(top="tasks"):
 
 def architecture_page():
     out = ["# Where the code is", "",
-           "Every module, with the first paragraph of its docstring. The client runs the tasks "
-           "(`tasks/`); what runs on a host is standard library only, Python 3.9+ "
-           "(`tasks/hostside/`, shipped to the host as the agent; its supervisor and the "
-           "modules it uses also go into a supervised release). `fabfile.py` exposes the tasks to `fab`; `configs/` holds example "
-           "profiles; `tests/` the tests (`tests/lab.py` builds the OpenSSH lab hosts); "
-           "`benchmarks/` the speed measurements.", ""]
+           "Every module, with the first paragraph of its docstring, folder by folder. The client "
+           "runs the tasks: one module per task at the top of `tasks/`, the steps they share in "
+           "`tasks/steps/`, and one package per capability beside them; imports only run downward "
+           "(a task imports steps, steps import capabilities, nothing imports a task). What runs on a "
+           "host is standard library only, Python 3.9+ (`tasks/hostside/`, shipped to the host as the "
+           "agent; its supervisor and the modules it uses also go into a supervised release). "
+           "`fabfile.py` exposes the tasks to `fab`; `configs/` holds example profiles; `tests/` the "
+           "tests, by what they need ([tests/README.md](../../tests/README.md)); `benchmarks/` the "
+           "speed measurements.", ""]
     for top in ("tasks", "tests", "benchmarks"):
-        rows = [(f"`{path}`", cell(text) or "(no docstring)") for path, text in modules(top)
-                if not Path(path).name.startswith("test_")
-                and not (Path(path).name == "__init__.py" and not text)]
-        out += [f"## {top}/", ""] + _table(("module", "holds"), rows) + [""]
+        folders = {}
+        for path, text in modules(top):
+            if Path(path).name.startswith("test_"):
+                continue
+            parts = Path(path).parent.parts
+            folder = "/".join(parts if top == "tasks" else parts[:2])  # tests/standins/... as one
+            folders.setdefault(folder, []).append((path, text))
+        for folder, mods in folders.items():
+            rows = [(f"`{path}`", cell(text)) for path, text in mods
+                    if Path(path).name != "__init__.py" or text]
+            if not rows:
+                continue
+            out += [f"## {folder}/", ""]
+            out += _table(("module", "holds"), [(m, t or "(no docstring)") for m, t in rows]) + [""]
     return "\n".join(out)
 
 

