@@ -78,7 +78,7 @@ def test_shipped_cpu_profile_needs_only_the_model():
     p = load_profile(REPO / "configs" / "cpu-tiny.toml", environ={})
     assert p.server.engine == "vllm" and p.server.host == "127.0.0.1"
     assert p.server.flags.value("dtype") == "float32" and p.server.flags.value("enforce-eager") is True
-    assert "VLLM_CPU_KVCACHE_SPACE" in p.plain_env()
+    assert "VLLM_CPU_KVCACHE_SPACE" in p.plain_env() and p.plain_env()["GLOO_SOCKET_IFNAME"] == "lo"
     text = (REPO / "configs" / "cpu-tiny.toml").read_text()
     assert 'model = "/path/to/your/model"        # <- the only thing to change' in text
 
