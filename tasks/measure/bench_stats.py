@@ -147,8 +147,11 @@ def server_lines(rec):
     srv = rec.get("server_ms")
     if not srv:
         return []
-    lines = [f"server's own    TTFT mean {_num(srv.get('ttft_mean'), '.1f')} ms, TPOT mean "
-             f"{_num(srv.get('tpot_mean'), '.2f')} ms (its /metrics over the window)"]
+    means = [f"{name} mean {srv[key]:{fmt}} ms" for name, key, fmt in
+             (("TTFT", "ttft_mean", ".1f"), ("TPOT", "tpot_mean", ".2f")) if srv.get(key) is not None]
+    if not means:
+        return []
+    lines = [f"server's own    {', '.join(means)} (its /metrics over the window)"]
     if bursts(rec):
         lines.append(Block(
             f"note: the tokens reached this client in bursts (ITL p50 {rec['itl_ms']['p50']:.2f} ms, "

@@ -351,3 +351,8 @@ def test_the_servers_own_ttft_and_tpot_over_the_window_and_the_burst_note():
     burst = lines(0.02)
     assert any(l.startswith("note: the tokens reached this client in bursts (ITL p50 0.02 ms, the "
                             "server's 3.20 ms a token)") for l in burst), burst
+    # a server without the TPOT histogram (the demo's stand-in): no "TPOT mean - ms", no note
+    rec = dict(rec, server_ms={"ttft_mean": 64.5, "tpot_mean": None})
+    alone = lines(0.02)
+    assert "server's own    TTFT mean 64.5 ms (its /metrics over the window)" in alone, alone
+    assert not any(l.startswith("note: the tokens reached") for l in alone)
