@@ -212,9 +212,17 @@ def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
            "(default ./tune-<name>-<UTC stamp>/)",
     "resume": "continue the sweep in this directory: measure only what it lacks",
     "json": "print the result records and the decision as JSON Lines on stdout",
+    "slo": "latency bounds in ms, e.g. ttft_p90<=800,tpot_p50<=40 (keys ttft_pXX, tpot_pXX, "
+           "itl_pXX, e2e_pXX): each variant's capacity is the largest load meeting all of them, "
+           "and the winner serves the most output tok/s there (goodput)",
+    "load": "with --slo: what the search raises, concurrency (default) or rate (requests/s, "
+            "Poisson arrivals)",
+    "max-load": "with --slo: the largest load tried (default 64)",
+    "slots": "auto or N: measure N variants at once on each host, each on its own GPUs and "
+             "port (auto: as many as the host's GPUs hold; default 1)",
 })
 def tune(c, profile=None, vary=None, profiles=None, baseline=False, concurrency=None,
          requests=None, input_len=None, max_tokens=None, repeat=None, seed=None,
-         objective=None, keep=None, out=None, resume=None, json=False, parallel=32,
-         accept_new_host_keys=False):
+         objective=None, keep=None, out=None, resume=None, json=False, slo=None, load=None,
+         max_load=None, slots=None, parallel=32, accept_new_host_keys=False):
     return _boundary(c, "tune", locals())

@@ -76,3 +76,14 @@ def put_back(host, base, before, reporter, *, keep, tuned=None, stale_agent=None
         return f"release {before} runs, as before"
     rollback_host(host, base, RollbackOptions(), reporter, to=before)
     return f"release {before} runs again, as before"
+
+
+def stop_slot(host, base, k, stale_agent, reporter):
+    """After Ctrl-C: stop slot k's own deployment (`<name>-s<K>`), ending the sweep's agent
+    that held its lock."""
+    from ..steps.lock import take_lock
+    from ..steps.stop import stop_deployment
+    from .slots import slot_name
+    ddir = f"{base.target.workdir.rstrip('/')}/{slot_name(base.target.name, k)}"
+    take_lock(host, ddir, "tune", stale_agent=stale_agent)
+    stop_deployment(host, ddir, reporter)
