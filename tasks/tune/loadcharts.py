@@ -84,9 +84,9 @@ def bound_chart(series, bound, unit):
     top = max([v for v in vals if v is not None] + [bound.limit_ms]) * 1.1
     parts, x, y, ytop = _axes(f"{bound.key} against {unit}", unit, f"{bound.key} (ms)", loads, top, True)
     parts.append(f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y(bound.limit_ms):.1f}" '
-                 f'y2="{y(bound.limit_ms):.1f}" stroke="#d62728" stroke-width="1.5" stroke-dasharray="6 4"/>')
+                 f'y2="{y(bound.limit_ms):.1f}" stroke="#b00020" stroke-width="3" stroke-dasharray="8 4"/>')
     parts.append(f'<text x="{W - PAD_R - 4}" y="{y(bound.limit_ms) - 5:.1f}" text-anchor="end" '
-                 f'font-size="11" fill="#d62728">bound {bound.limit_ms:g} ms</text>')
+                 f'font-size="11" fill="#b00020">bound {bound.limit_ms:g} ms</text>')
     n = len(series)
     for si, (vi, v, rec) in enumerate(series):
         col = color(vi)
