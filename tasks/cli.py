@@ -116,8 +116,9 @@ def status(c, profile=None, json=False, parallel=32, accept_new_host_keys=False)
     return _boundary(c, "status", locals())
 
 
-@command(grace="seconds between SIGTERM and SIGKILL (default 30)")
-def stop(c, profile=None, grace=30.0, parallel=32, accept_new_host_keys=False):
+@command(grace="seconds between SIGTERM and SIGKILL (default 30)",
+         json="print one JSON object per host on stdout (human text goes to stderr)")
+def stop(c, profile=None, grace=30.0, json=False, parallel=32, accept_new_host_keys=False):
     return _boundary(c, "stop", locals())
 
 

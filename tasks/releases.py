@@ -176,7 +176,7 @@ def releases(c, opts):
         listing = host.call("release_list", deploy_dir=ddir)
         records = rows(listing)
         if json_mode:
-            reporter.emit_json({"host": host.name, "deploy_dir": listing["deploy_dir"],
+            reporter.emit_json({"host": host.name, "ok": True, "deploy_dir": listing["deploy_dir"],
                                 "current": listing["current"], "releases": records})
         elif records:
             reporter.lines(host.name, table_lines(records))

@@ -142,7 +142,10 @@ def render(status):
 
 
 def json_record(status):
-    return {k: v for k, v in status.record.items() if k != "deployed"}
+    """The --json object: `host`, then `ok` (exit 0: running and healthy), then the record."""
+    out = {"host": status.record["host"], "ok": status.healthy}
+    out.update((k, v) for k, v in status.record.items() if k != "deployed")
+    return out
 
 
 def verdict(status):

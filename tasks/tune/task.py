@@ -123,6 +123,9 @@ class Sweeper:
                       parallel=self.opts.parallel, reporter=self.term, host_kwargs=self.kw)
         bad = [r for r in res if r.code]
         if bad:
+            if self.opts.json:  # each host that refused the sweep: {host, ok: false, error, code}
+                from ..fleet.fanout import emit_missing
+                emit_missing(self.term, bad)
             code = max(int(r.code) for r in bad)
             if code == ExitCode.UNREACHABLE:
                 raise HostUnreachable(f"cannot reach {', '.join(r.host for r in bad)}; nothing "
