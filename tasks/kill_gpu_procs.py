@@ -11,7 +11,7 @@ nothing. Nothing to kill is success (exit 0).
 from .fleet.runner import load, run_task
 from .errors import ExitCode, OperationFailed
 from .fleet.fanout import HostResult
-from .steps.gpu_memory import gpu_lines, profile_devices, wait_freed
+from .steps.gpu_memory import gpu_lines, wait_freed
 from .hostside.gpu import tolerance
 from .output import table_lines
 
@@ -24,7 +24,7 @@ def selection(opts, profile):
         return None
     if opts.gpus is not None:
         return list(opts.gpus)
-    return profile_devices(profile)
+    return profile.devices
 
 
 def process_rows(procs):

@@ -57,7 +57,6 @@ def duration(seconds):
 
 def gather(host, profile, ddir):
     """Everything `fab status` reports about one host, as a Status."""
-    from .steps.gpu_memory import profile_devices
     host.start()
     st = host.call("state", deploy_dir=ddir)
     server = st.get("server") or {}
@@ -73,7 +72,7 @@ def gather(host, profile, ddir):
     record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
                   ready_s=started.get("ready_s"))
     out = Status(record)
-    gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile_devices(profile))
+    gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
                       for g in (gpus["gpus"] or [])] or None
     if alive:

@@ -60,12 +60,39 @@ class SpecConfig:
     key: str                           # the profile key: "server.args.speculative-config"
     method: Optional[str]              # as written (None when missing or not text)
     model: Optional[str]               # the drafter: a path or a hub id
-    num_speculative_tokens: Any        # as written: vLLM's parser takes "15" too (the engine refuses it later)
+    num_speculative_tokens: Any        # as written (3, "3", 3.0): `tokens` is what vLLM reads
     table: JsonTable                   # the whole table
+
+    @property
+    def tokens(self):
+        """num_speculative_tokens as vLLM reads it, or None when unset or not a whole number."""
+        return lax_int(self.num_speculative_tokens)
 
     def key_of(self, name):
         """The profile key of one entry: `server.args.speculative-config.model`."""
         return f"{self.key}.{name}"
+
+
+def lax_int(value):
+    """An int as pydantic's lax mode reads one (vLLM's config classes are pydantic dataclasses:
+    `num_speculative_tokens: int` takes 3, "3", " 3 ", "+3", 3.0, "3.0" and True, seen in vLLM
+    0.32.0 with pydantic 2.14), else None."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str) and value.isascii():
+        try:
+            return int(value)
+        except ValueError:
+            try:
+                number = float(value)
+            except ValueError:
+                return None
+            return int(number) if number.is_integer() else None
+    return None
 
 
 def _is_model_key(name):
