@@ -1,4 +1,4 @@
-"""What the real-vLLM GPU suite (test_gpu_vllm.py) shares: its settings, `fab`, the host's
+"""What the real-vLLM GPU suite (test_gpu_vllm_*.py) shares: its settings, `fab`, the host's
 nvidia-smi and processes, and the profiles it deploys.
 
     LLMFAB_GPU_HOST          the GPU host as ssh knows it (ssh_config alias), or "local"
