@@ -209,7 +209,7 @@ def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
                  "largest C) or ttft_p90@C (lowest TTFT p90)",
     "keep": "previous (default): put back what ran before; winner: leave the winner running",
     "out": "directory for results.jsonl, report.html and <stem>.tuned.toml "
-           "(default ./tune-<name>-<UTC stamp>/)",
+           "(default ~/.local/state/llmfab/tune/<name>-<UTC stamp>/, under $XDG_STATE_HOME if set)",
     "resume": "continue the sweep in this directory: measure only what it lacks",
     "json": "print the result records and the decision as JSON Lines on stdout",
 })

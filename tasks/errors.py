@@ -81,7 +81,7 @@ class LockHeld(OperationFailed):
 
 class TaskFailed(LlmfabError):
     """Some host failed; each was reported with its reason as it happened. Carries the worst
-    host's exit code (DESIGN: with several hosts, the worst code of them all)."""
+    host's exit code (with several hosts, the worst code of them all: docs/reference/cli.md)."""
 
     def __init__(self, code):
         super().__init__("")

@@ -3,7 +3,7 @@
     fab status [--json]
 
 `gather(host, profile)` asks the host (state, GPUs, one poll, /metrics) and returns a
-`Status`: the JSON record DESIGN.md fixes (`host, running, pid, release, port, health,
+`Status`: the JSON record of `fab status --json` (docs/reference/cli.md) (`host, running, pid, release, port, health,
 served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
 `cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
 `ready_s`, as its deploy recorded them; from /metrics also `requests_running,

@@ -25,6 +25,30 @@ def flag_key(name):
     return name.replace("_", "-")
 
 
+# Every [server.args] flag that turns speculative decoding on or shapes it, by normalised name
+# (flag_key), with where each comes from. `fab tune --baseline` removes them all: a baseline
+# with any of them left still speculates.
+SPECULATIVE_FLAG_PREFIXES = (
+    # vLLM --speculative-config (and its dotted form speculative-config.KEY); SGLang
+    # --speculative-algorithm, --speculative-draft-model-path, --speculative-num-steps,
+    # --speculative-eagle-topk, --speculative-num-draft-tokens (sglang/srt/server_args.py);
+    # vLLM 0.32's shortcuts --spec-method, --spec-model, --spec-tokens (vllm/engine/arg_utils.py)
+    # and any abbreviation of these, which vLLM's argparse accepts (allow_abbrev).
+    "spec",
+)
+SPECULATIVE_FLAG_NAMES = (
+    "sc",                      # vLLM's alias of --speculative-config (vllm/engine/arg_utils.py)
+    "num-speculative-tokens",  # vLLM before --speculative-config (0.7 and older)
+    "ngram-prompt-lookup-max", "ngram-prompt-lookup-min",  # the same, for ngram drafting
+)
+
+
+def is_speculative_flag(name):
+    """True when the [server.args] key `name` (any spelling, dotted or not) is a speculative flag."""
+    norm = flag_key(name).split(".")[0]
+    return norm.startswith(SPECULATIVE_FLAG_PREFIXES) or norm in SPECULATIVE_FLAG_NAMES
+
+
 @dataclass(frozen=True)
 class JsonTable:
     """A table-valued flag (e.g. speculative-config), rendered as ONE argv element of compact JSON.

@@ -99,7 +99,7 @@ RESTART_POLICIES = ("no", "on-failure", "always")
 
 @dataclass(frozen=True)
 class Supervise:
-    """[supervise]: restarts by the launcher's reaper on the host (DESIGN.md "Supervision")."""
+    """[supervise]: restarts by the launcher's reaper on the host (docs/supervision.md)."""
     restart: str = "no"                          # one of RESTART_POLICIES
     max_restarts: int = 5                        # within `window` s; one more gives up
     window: float = 600.0

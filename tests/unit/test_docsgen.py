@@ -234,3 +234,19 @@ def test_the_newest_release_is_the_package_version():
     version = re.search(r"^version = (\S+)$", (ROOT / "setup.cfg").read_text(), re.M).group(1)
     assert version == ".".join(newest.groups()[:3]), (
         f"setup.cfg's version {version} is not CHANGELOG.md's newest release")
+
+
+# Sentences that were false for a user: files only the authors had, modules renamed away,
+# notes about the authors' branches. The project stands alone: it cites its own docs or the
+# engine's source instead.
+STALE_WORDS = ("DESIGN.md", "DOMAIN.md", "agentpayload", "not on main yet", "the coordinator fills")
+
+
+def test_no_file_cites_what_users_do_not_have():
+    tracked = [ROOT / "README.md"] + [p for d in ("tasks", "docs", "tests", "configs", "benchmarks")
+                                      for p in (ROOT / d).rglob("*")
+                                      if p.is_file() and p.suffix in (".py", ".md", ".toml", ".txt")]
+    this = Path(__file__).resolve()
+    found = [f"{p.relative_to(ROOT)}: {w}" for p in tracked if p.resolve() != this
+             for w in STALE_WORDS if w in p.read_text(encoding="utf-8", errors="replace")]
+    assert found == []
