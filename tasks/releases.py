@@ -176,7 +176,7 @@ def releases(c, opts):
         listing = host.call("release_list", deploy_dir=ddir)
         records = rows(listing)
         if json_mode:
-            reporter.emit_json({"host": host.name, "deploy_dir": listing["deploy_dir"],
+            reporter.emit_json({"host": host.name, "ok": True, "deploy_dir": listing["deploy_dir"],
                                 "current": listing["current"], "releases": records})
         elif records:
             reporter.lines(host.name, table_lines(records))
@@ -192,7 +192,6 @@ def rollback_host(host, profile, opts, reporter, to=None):
     from .steps.stop import stop_deployment
     from .steps.lock import take_lock
     from .steps.preflight import deploy_dir
-    from .steps.gpu_memory import profile_devices
     from .steps.wait import wait_or_clean_up
     name, ddir = host.name, deploy_dir(profile)
     hello = host.start()
@@ -220,7 +219,7 @@ def rollback_host(host, profile, opts, reporter, to=None):
     # The old release's gpu-baseline.json is from its first launch: take today's, so
     # `fab stop` waits for what the GPUs hold now without this server.
     host.call("gpu_baseline", deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,
-              devices=profile_devices(old), timeout=60)
+              devices=old.devices, timeout=60)
     launched = host.call("relaunch", deploy_dir=ddir, release=prev,
                          python=old.server.interpreter)
     server = launched["server"]
