@@ -8,7 +8,7 @@ any FAILs. `--json`: one object per host, `{host, ok, checks: [{status, check, m
 """
 from .doctor.findings import split
 from .fleet.fanout import HostResult
-from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
+from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight, secret_checks
 
 
 def check(c, opts):
@@ -24,7 +24,7 @@ def check(c, opts):
         record = {"host": host.name, "ok": True, "checks": [], "findings": []}
         try:
             checks = run_preflight(host, reporter, preflight_request(profile, state),
-                                   exposure_checks(profile))
+                                   exposure_checks(profile) + secret_checks(profile))
         except PreflightFailed as e:
             record["checks"], record["findings"] = split(e.checks)  # the doctor's (tasks/doctor/findings.py)
             record["ok"] = False
