@@ -89,6 +89,8 @@ def _boundary(c, name, flags):
         return body(c, opts)
     except LlmfabError as e:
         raise Exit(f"error: {e.message}" if e.message else None, code=int(e.code)) from None
+    except KeyboardInterrupt:  # Ctrl-C in a task body before any host (tasks/interrupts.py: after)
+        raise Exit("interrupted (Ctrl-C): nothing was done on any host", code=130) from None
 
 
 @command(**{

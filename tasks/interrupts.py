@@ -97,9 +97,10 @@ def left_line(spot, hint):
         launched = f" and {new} was not launched" if new else ""
         return f"interrupted: stopped: {what}{launched}; " + (back or "nothing to restore")
     if step == "launching":
-        now = f"on release {new}, being launched (the host finishes the launch)"
+        now = f"release {new} is being launched (the host finishes the launch) and keeps running"
     else:
-        now = f"on release {new} (pid {spot.pid}), launched and not waited for"
+        now = (f"release {new} (pid {spot.pid}) keeps running (launched by this task, not waited "
+               "for until ready)")
     return f"interrupted: {now}; " + (
         f"go back to {old} with `{hint(f'rollback --release {old}')}`" if old and old != new
         else f"stop it with `{hint('stop')}`")

@@ -92,7 +92,9 @@ def op_lock_phase(req):
     if fd is None:
         return {"held": False}
     info = _holder(fd)
-    if isinstance(info, dict):
+    # only a deploy or rollback may be ended by a stop; a sweep (`fab tune`) holds the lock
+    # across many deploys and puts its hosts back itself
+    if isinstance(info, dict) and info.get("task") in ("deploy", "rollback"):
         info["phase"] = req.get("phase") or "changing"
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)

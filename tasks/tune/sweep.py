@@ -172,7 +172,7 @@ class Sweep:
         self.say(name, variant, "deploy")
         opts = DeployOptions(stop_on_timeout=True)
         try:
-            res = deploy_host(host, profile, opts, log)
+            res = deploy_host(host, profile, opts, log, restore=False)  # a failed variant is recorded
         except (HostUnreachable, ConnectionLost):
             raise
         except PreflightFailed as e:

@@ -25,10 +25,15 @@ from lab import wait_for
 
 pytestmark = pytest.mark.e2e
 
-# argv: PORT GATE. /health and /v1/models answer 200 once GATE exists ("" = at once), 503 before.
+# argv: PORT GATE [TERM_GATE]. /health and /v1/models answer 200 once GATE exists ("" = at
+# once), 503 before. On SIGTERM it prints "got TERM" and, with TERM_GATE, exits only once that
+# file exists: a stop is held in flight for as long as a test needs.
 SERVER = """
-import http.server, os, sys
+import http.server, os, signal, sys, threading, time
 port, gate = int(sys.argv[1]), sys.argv[2]
+term_gate = sys.argv[3] if len(sys.argv) > 3 else ""
+term = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: term.set())
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         ok = not gate or os.path.exists(gate)
@@ -40,8 +45,12 @@ class H(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), H)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
 print("serving on", port, flush=True)
-srv.serve_forever()
+term.wait()
+print("got TERM", flush=True)
+while term_gate and not os.path.exists(term_gate):
+    time.sleep(0.05)
 """
 
 
@@ -49,13 +58,16 @@ def toml_list(items):
     return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
 
-def profile(lab, name, host, port, *, command=None, gate="", tag="", lines=(), env=(), python=None):
-    """A command server on `host`: ready at once, or once /tmp/GATE exists on the host."""
-    command = command or [HOST_PYTHON, "-c", SERVER, str(port), f"/tmp/{gate}" if gate else ""]
+def profile(lab, name, host, port, *, command=None, gate="", term_gate="", tag="", lines=(), env=(),
+            python=None):
+    """A command server on `host`: ready at once, or once /tmp/GATE exists on the host; with
+    TERM_GATE, a SIGTERM ends it only once /tmp/TERM_GATE exists."""
+    command = command or ([HOST_PYTHON, "-c", SERVER, str(port), f"/tmp/{gate}" if gate else ""]
+                          + ([f"/tmp/{term_gate}"] if term_gate else []))
     body = ["[target]", f'hosts = ["{host}"]', f'name = "{name}"', "keep_releases = 20",
-            "[server]", 'engine = "command"', f"command = {toml_list(command + ([tag] if tag else []))}",
+            "[server]", 'engine = "command"', f"command = {toml_list(command)}",
             f'python = "{python or HOST_PYTHON}"', 'host = "127.0.0.1"', f"port = {port}",
-            "[server.env]", *env, "[ready]", "timeout = 60", "poll_interval = 0.2", *lines]
+            "[server.env]", f'UNEXPECTED_TAG = "{tag}"', *env, "[ready]", "timeout = 60", "poll_interval = 0.2", *lines]
     return write_profile(lab, f"{name}{'-' + tag if tag else ''}", body)
 
 
@@ -224,3 +236,197 @@ def test_read_only_tasks_create_nothing_on_a_host_with_no_deployment(lab):
         made = sorted(tree(home) - before)
         assert not made, (task, made)
     assert not deployment(lab, host, name).exists()
+
+
+# -- B: a plain deploy whose new release fails puts the previous one back -------------------
+
+def test_a_failed_plain_deploy_puts_the_stopped_release_back(lab):
+    host, name, port = "h2", "unexp-restore", 31506
+    good = profile(lab, name, host, port, tag="good")
+    fab(lab, "deploy", profile=good)
+    first = server_record(lab, host, name)
+    try:
+        for kind, command in (("cannot-exec", [orphan_script(lab, host)]),
+                              ("exits", [HOST_PYTHON, "-c", "import sys; sys.exit(3)"])):
+            bad = profile(lab, name, host, port, command=command, tag=kind)
+            r = fab(lab, "deploy", profile=bad, code=1)
+            out = flat(r.stdout)
+            assert "server failed:" in out and f"put back release {first['release']}" in out, (kind, out)
+            now = server_record(lab, host, name)
+            assert now["release"] == first["release"] and now["pid"] != first["pid"], (kind, now)
+            assert host_pid_alive(lab, host, now["pid"]), kind
+            st = status_json(lab, bad, 0)
+            assert st["state"] == "running" and st["last_failed"]["release"] != first["release"], st
+    finally:
+        stop(lab, good)
+
+
+# -- E: stop is never refused by a deploy's lock ----------------------------------------------
+
+def test_stop_ends_a_deploy_waiting_for_readiness_which_says_so_and_exits_1(lab):
+    host, name, port = "h3", "unexp-preempt", 31507
+    good = profile(lab, name, host, port, tag="good")
+    fab(lab, "deploy", profile=good)
+    first = server_record(lab, host, name)["release"]
+    (lab.tmp(host) / "unexp-preempt-gate").unlink(missing_ok=True)
+    slow = profile(lab, name, host, port, gate="unexp-preempt-gate", tag="slow")
+    run = Background(lab, "deploy", profile=slow)
+    try:
+        run.wait_line("launched release")
+        lock = deployment(lab, host, name) / ".lock"
+        wait_for(lambda: json.loads(lock.read_text() or "{}").get("phase") == "waiting", 30,
+                 "the deploy to be waiting for readiness")
+        t0 = time.monotonic()
+        r = fab(lab, "stop", "--grace", "2", profile=slow)
+        assert time.monotonic() - t0 < 30
+        assert "locked" not in r.stdout and "stopped release" in r.stdout, r.stdout
+        assert "that waited for readiness" in r.stdout, r.stdout
+        assert run.finish(60) == 1, run.text
+        text = flat(run.text)
+        assert "was stopped by fab stop" in text and "while this deploy waited" in text, text
+        assert "putting back" not in text and "Traceback" not in text, text
+        rel = listing(lab, slow)[-1]
+        assert rel["release"] != first and rel["ended"].startswith("stopped by fab stop"), rel
+        assert not rel["failed"], rel
+        st = status_json(lab, slow, 1)
+        assert st["running"] is False and st["state"] == "stopped", st
+    finally:
+        run.close()
+        stop(lab, good)
+
+
+# -- C: Ctrl-C at each step leaves each host on its old release, its new one, or stopped ----
+
+def interrupted(run):
+    """SIGINT to a running fab; its exit status and its last line (where the host is)."""
+    run.proc.send_signal(signal.SIGINT)
+    code = run.finish(60)
+    lines = [line for line in run.out if line.strip()]
+    return code, flat(lines[-1]) if lines else ""
+
+
+def sigint_while_changing(run, gate):
+    """Ctrl-C while a stop is held in flight; once fab says it waits for it, let the stop end."""
+    run.proc.send_signal(signal.SIGINT)
+    wait_for(lambda: any("waiting for the step in flight" in line for line in run.err), 30,
+             f"fab to wait for the stop in flight ({run.text[-500:]})")
+    gate.write_text("")
+
+
+def restore_command(line):
+    """The `fab ...` a last line names, as argv."""
+    cmd = line.split("`")[1].split()
+    assert cmd[0] == "fab", line
+    return cmd[1:-2], cmd[-1]  # task and flags, the profile
+
+
+def test_ctrl_c_while_deploy_stops_the_old_release_leaves_it_stopped_and_says_how_to_restore(lab):
+    host, name, port = "h1", "unexp-sigint-stop", 31508
+    gate = lab.tmp(host) / "unexp-sigint-stop-term"
+    gate.unlink(missing_ok=True)
+    old = profile(lab, name, host, port, term_gate=gate.name, tag="old")
+    fab(lab, "deploy", profile=old)
+    first = server_record(lab, host, name)
+    new = profile(lab, name, host, port, tag="new")
+    run = Background(lab, "deploy", profile=new)
+    try:
+        log = deployment(lab, host, name) / "releases" / first["release"] / "server.log"
+        wait_for(lambda: b"got TERM" in log.read_bytes(), 60, "the deploy to be stopping the old release")
+        sigint_while_changing(run, gate)  # the stop in flight ends: the client waited for it
+        code = run.finish(60)
+        lines = [line for line in run.out if line.strip()]
+        last = flat(lines[-1])
+        assert code == 130, run.text
+        assert f"stopped: release {first['release']} was stopped and" in last, run.text
+        assert "was not launched" in last and "Traceback" not in run.text
+        assert not host_pid_alive(lab, host, first["pid"])
+        assert server_record(lab, host, name)["release"] == first["release"]  # nothing new launched
+        task, prof = restore_command(last)
+        assert task == ["rollback", "--release", first["release"]], last
+        fab(lab, *task, profile=prof)
+        now = server_record(lab, host, name)
+        assert now["release"] == first["release"] and host_pid_alive(lab, host, now["pid"])
+        # nothing is left locked: a deploy goes ahead at once
+        gate.write_text("")
+        fab(lab, "deploy", profile=new)
+    finally:
+        run.close()
+        gate.write_text("")
+        stop(lab, new)
+
+
+def test_ctrl_c_during_the_wait_leaves_the_new_release_and_names_the_way_back(lab):
+    host, name, port = "h2", "unexp-sigint-wait", 31509
+    old = profile(lab, name, host, port, tag="old")
+    fab(lab, "deploy", profile=old)
+    first = server_record(lab, host, name)["release"]
+    (lab.tmp(host) / "unexp-sigint-wait-gate").unlink(missing_ok=True)
+    new = profile(lab, name, host, port, gate="unexp-sigint-wait-gate", tag="new")
+    run = Background(lab, "deploy", profile=new)
+    try:
+        run.wait_line("launched release")
+        code, last = interrupted(run)
+        now = server_record(lab, host, name)
+        assert code == 130 and now["release"] != first, run.text
+        assert f"release {now['release']} (pid {now['pid']}) keeps running" in last, last
+        assert host_pid_alive(lab, host, now["pid"])
+        task, prof = restore_command(last)
+        assert task == ["rollback", "--release", first], last
+        fab(lab, *task, profile=prof)
+        assert server_record(lab, host, name)["release"] == first
+    finally:
+        run.close()
+        stop(lab, old)
+
+
+def test_ctrl_c_while_stop_or_rollback_stops_says_stopped_and_how_to_restore(lab):
+    host, name, port = "h3", "unexp-sigint-others", 31510
+    gate = lab.tmp(host) / "unexp-sigint-others-term"
+    a = profile(lab, name, host, port, term_gate=gate.name, tag="a")
+    b = profile(lab, name, host, port, term_gate=gate.name, tag="b")
+    gate.write_text("")
+    fab(lab, "deploy", profile=a)
+    fab(lab, "deploy", profile=b)
+    try:
+        for task in ("rollback", "stop"):
+            gate.unlink(missing_ok=True)
+            running = server_record(lab, host, name)
+            run = Background(lab, task, profile=b)
+            log = deployment(lab, host, name) / "releases" / running["release"] / "server.log"
+            seen = log.read_bytes().count(b"got TERM")
+            wait_for(lambda: log.read_bytes().count(b"got TERM") > seen, 60, f"{task} to be stopping")
+            sigint_while_changing(run, gate)
+            code = run.finish(60)
+            last = flat([line for line in run.out if line.strip()][-1])
+            assert code == 130, (task, run.text)
+            assert f"stopped: release {running['release']} was stopped" in last, (task, last)
+            assert not host_pid_alive(lab, host, running["pid"])
+            cmd, prof = restore_command(last)
+            assert cmd == ["rollback", "--release", running["release"]], last
+            fab(lab, *cmd, profile=prof)
+            assert server_record(lab, host, name)["release"] == running["release"]
+    finally:
+        gate.write_text("")
+        stop(lab, b)
+
+
+def test_ctrl_c_before_any_host_is_touched_exits_130(lab, tmp_path):
+    # --prompts is a FIFO: fab blocks reading it in the task's body, before any host (where
+    # Invoke itself would turn Ctrl-C into exit 1)
+    fifo = tmp_path / "prompts.jsonl"
+    os.mkfifo(fifo)
+    run = Background(lab, "bench", "--prompts", str(fifo), profile=profile(lab, "unexp-early", "h1", 31511))
+    try:
+        def reader_waits():
+            try:
+                return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                return None
+        fd = wait_for(reader_waits, 30, "fab to open --prompts")
+        run.proc.send_signal(signal.SIGINT)
+        code = run.finish(30)
+        os.close(fd)
+        assert code == 130, run.text
+        assert "Traceback" not in run.text and "interrupted" in run.text, run.text
+    finally:
+        run.close()
