@@ -121,8 +121,9 @@ def status(c, profile=None, json=False, parallel=32, accept_new_host_keys=False)
     return _boundary(c, "status", locals())
 
 
-@command(grace="seconds between SIGTERM and SIGKILL (default 30)")
-def stop(c, profile=None, grace=30.0, parallel=32, accept_new_host_keys=False):
+@command(grace="seconds between SIGTERM and SIGKILL (default 30)",
+         json="print one JSON object per host on stdout (human text goes to stderr)")
+def stop(c, profile=None, grace=30.0, json=False, parallel=32, accept_new_host_keys=False):
     return _boundary(c, "stop", locals())
 
 
@@ -216,7 +217,7 @@ def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
                  "largest C) or ttft_p90@C (lowest TTFT p90)",
     "keep": "previous (default): put back what ran before; winner: leave the winner running",
     "out": "directory for results.jsonl, report.html and <stem>.tuned.toml "
-           "(default ./tune-<name>-<UTC stamp>/)",
+           "(default ~/.local/state/llmfab/tune/<name>-<UTC stamp>/, under $XDG_STATE_HOME if set)",
     "resume": "continue the sweep in this directory: measure only what it lacks",
     "json": "print the result records and the decision as JSON Lines on stdout",
 })

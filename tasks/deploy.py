@@ -7,7 +7,6 @@ from .errors import ExitCode, OperationFailed
 from .failures.failed_server import reporting_json
 from .fleet.fanout import HostResult
 from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
-from .steps.gpu_memory import profile_devices
 from .steps.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
 from .output import fab_hint
@@ -152,7 +151,7 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
     cache = startup.cache_env(profile, version)
     calls = [
         ("gpu_baseline", dict(deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
-                              devices=profile_devices(profile), reuse_s=reuse_s)),
+                              devices=profile.devices, reuse_s=reuse_s)),
         # the last start of this profile and engine version, for the time left (before the
         # launch: its cache directory is read as the engine finds it)
         ("startup_last", dict(deploy_dir=ddir, release=rel["release"], engine_version=version,

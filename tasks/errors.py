@@ -37,6 +37,10 @@ class LlmfabError(Exception):
         super().__init__(message)
         self.message = message
         self.details = tuple(details)  # extra lines (log excerpts) shown under the message
+        # Fields this error adds to its host's --json object, after {host, ok, error, code}
+        # (tasks/fleet/fanout.py error_record): a failed preflight's checks and findings, a
+        # failed server's release, pid and fatal.
+        self.json_extra = {}
 
 
 class ProfileError(LlmfabError, ValueError):
@@ -89,7 +93,7 @@ class LockHeld(OperationFailed):
 
 class TaskFailed(LlmfabError):
     """Some host failed; each was reported with its reason as it happened. Carries the worst
-    host's exit code (DESIGN: with several hosts, the worst code of them all)."""
+    host's exit code (with several hosts, the worst code of them all: docs/reference/cli.md)."""
 
     def __init__(self, code):
         super().__init__("")

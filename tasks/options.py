@@ -120,6 +120,7 @@ class StatusOptions(Common):
 @dataclasses.dataclass(frozen=True)
 class StopOptions(Common):
     grace: float = 30.0
+    json: bool = False
 
     @staticmethod
     def convert(flags):

@@ -170,7 +170,7 @@ def releases(c, opts):
         listing = host.call("release_list", deploy_dir=ddir)
         records = rows(listing)
         if json_mode:
-            reporter.emit_json({"host": host.name, "deploy_dir": listing["deploy_dir"],
+            reporter.emit_json({"host": host.name, "ok": True, "deploy_dir": listing["deploy_dir"],
                                 "current": listing["current"], "releases": records})
         elif records:
             reporter.lines(host.name, table_lines(records))
@@ -190,7 +190,6 @@ def rollback_host(host, profile, opts, reporter, to=None, spot=None, spots=None)
     from .steps.stop import stop_deployment
     from .steps.lock import take_lock
     from .steps.preflight import deploy_dir
-    from .steps.gpu_memory import profile_devices
     from .steps.wait import wait_or_clean_up
     name, ddir = host.name, deploy_dir(profile)
     if spot is None:
@@ -233,7 +232,7 @@ def rollback_host(host, profile, opts, reporter, to=None, spot=None, spots=None)
         spot.step = "launching"
         launched = host.batch([
             ("gpu_baseline", dict(deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,
-                                  devices=profile_devices(old))),
+                                  devices=old.devices)),
             ("relaunch", dict(deploy_dir=ddir, release=prev, python=old.server.interpreter)),
             ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),  # `fab stop` may end the wait
         ], timeout=120)[1]

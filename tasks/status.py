@@ -3,7 +3,7 @@
     fab status [--json]
 
 `gather(host, profile)` asks the host (state, GPUs, one poll, /metrics) and returns a
-`Status`: the JSON record DESIGN.md fixes (`host, running, pid, release, port, health,
+`Status`: the JSON record of `fab status --json` (docs/reference/cli.md) (`host, running, pid, release, port, health,
 served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
 `cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
 `ready_s`, as its deploy recorded them; from /metrics also `requests_running,
@@ -58,7 +58,6 @@ def duration(seconds):
 
 def gather(host, profile, ddir):
     """Everything `fab status` reports about one host, as a Status."""
-    from .steps.gpu_memory import profile_devices
     host.start()
     st = host.call("state", deploy_dir=ddir)
     server = st.get("server") or {}
@@ -75,7 +74,7 @@ def gather(host, profile, ddir):
     record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
                   ready_s=started.get("ready_s"))
     out = Status(record)
-    gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile_devices(profile))
+    gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
                       for g in (gpus["gpus"] or [])] or None
     if alive:
@@ -165,7 +164,10 @@ def render(status):
 
 
 def json_record(status):
-    return {k: v for k, v in status.record.items() if k != "deployed"}
+    """The --json object: `host`, then `ok` (exit 0: running and healthy), then the record."""
+    out = {"host": status.record["host"], "ok": status.healthy}
+    out.update((k, v) for k, v in status.record.items() if k != "deployed")
+    return out
 
 
 

@@ -22,6 +22,8 @@ class ServerFailed(OperationFailed):
         self.explanation = explanation
         self.fatal = explanation.as_json()
         self.server = server or {}
+        self.json_extra = {"release": self.server.get("release"), "pid": self.server.get("pid"),
+                           "fatal": self.fatal}
 
 
 def launch_failed(error, release):
@@ -101,11 +103,13 @@ def explain_dead(host, profile, ddir, server, exit=None, lines=400):
 
 
 def failed_record(name, error):
-    """The --json host object of a deploy or rollback that failed: why, with `fatal`."""
-    server = getattr(error, "server", None) or {}
-    return {"host": name, "ok": False, "error": error.message.splitlines()[0],
-            "release": server.get("release"), "pid": server.get("pid"),
-            "fatal": getattr(error, "fatal", None)}
+    """The --json host object of a deploy or rollback that failed: why, with `fatal` (null
+    when no server failed: unreachable, a failed preflight with its findings, a lock held)."""
+    from ..fleet.fanout import error_record
+    rec = error_record(name, error)
+    for key in ("release", "pid", "fatal"):
+        rec.setdefault(key, None)
+    return rec
 
 
 def reporting_json(op, json_mode):

@@ -20,7 +20,7 @@ class FanoutExecutor(Executor):
 
 
 def exit_2_on_bad_arguments(program=None, *, binary="fab"):
-    """Make the program exit 2 (bad input) on unknown flags and bad flag values, as DESIGN.md says.
+    """Make the program exit 2 (bad input) on unknown flags and bad flag values, as docs/reference/cli.md says.
 
     Invoke turns a ParseError into exit 1 and lets a failed int() cast escape as a
     traceback. Task arguments are parsed after the fabfile is imported, so wrapping

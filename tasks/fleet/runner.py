@@ -87,13 +87,15 @@ def _wait_until(done, timeout=120.0):
 def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python=None,
              on_interrupt=None):
     """run_hosts, then the summary table; exit with the worst host's code."""
-    from .fanout import summarize, worst
+    from .fanout import emit_missing, summarize, worst
     from ..output import Reporter
 
     hosts = hosts or hosts_for(c, profile)
     reporter = Reporter(hosts, json_mode=json_mode)
     results = run_hosts(c, profile, op, opts, reporter, hosts=hosts, python=python,
                         on_interrupt=on_interrupt)
+    if json_mode:
+        emit_missing(reporter, results)
     summarize(reporter, results, title)
     code = worst(r.code for r in results)
     if code:

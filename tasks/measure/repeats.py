@@ -1,6 +1,6 @@
 """`fab bench --repeat N` and the verdict line of `--compare`: A/B that decides. Pure.
 
-With --repeat the host's result record keeps DESIGN.md's fields, each figure the median
+With --repeat the host's result record keeps the fields of `fab bench --json`, each figure the median
 of the N runs, plus `repeat: {n, runs: [...records], spread: {figure: {min, median, max}}}`.
 A difference between two saved results is "beyond the spread" when the two [min, max]
 ranges of that figure do not overlap; with single runs there is no spread to judge by,

@@ -78,7 +78,7 @@ def _arg_value(ck, norm, v, path):
     ck.fail(path, "a string, number, boolean, table or array", v)
 
 
-# Where a secret flag's value goes instead of argv, per engine flag (DESIGN: never argv).
+# Where a secret flag's value goes instead of argv, per engine flag (a secret is never on argv: docs/security.md).
 SECRET_FLAG_ENV = {"api-key": "VLLM_API_KEY"}
 
 

@@ -119,6 +119,9 @@ def run_preflight(host, reporter, req, extra=()):
         err = PreflightFailed(f"preflight failed ({len(failed)} check(s)); nothing was launched",
                               details=[check_block(c) for c in failed])
         err.checks = checks
+        from ..doctor.findings import split  # --json: {host, ok: false, error, checks, findings}
+        plain, findings = split(checks)
+        err.json_extra = {"checks": plain, "findings": findings}
         raise err
     return checks
 

@@ -34,6 +34,17 @@ def _plan(opts, base):
             "max_tokens": opts.max_tokens, "repeat": opts.repeat, "seed": opts.seed}
 
 
+def default_out_root(environ=None):
+    """Where sweeps go without --out: `$XDG_STATE_HOME/llmfab/tune/` (default
+    ~/.local/state/llmfab/tune/), whatever the current directory is. The current directory
+    was the default once, and a sweep run from the checkout (as the README runs every task)
+    left an untracked directory in it; the user's state directory is the same place from any
+    directory, and each run prints where its results are."""
+    environ = os.environ if environ is None else environ
+    state = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "llmfab" / "tune"
+
+
 def _out_dir(opts, base):
     if opts.resume:
         out = Path(opts.resume)
@@ -42,7 +53,7 @@ def _out_dir(opts, base):
                              "directory?)")
         return out, False
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(opts.out or f"tune-{base.target.name}-{stamp}")
+    out = Path(opts.out) if opts.out else default_out_root() / f"{base.target.name}-{stamp}"
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out} exists and is not empty: choose another directory, or "
                          f"continue that sweep with --resume {out}")
@@ -112,6 +123,9 @@ class Sweeper:
                       parallel=self.opts.parallel, reporter=self.term, host_kwargs=self.kw)
         bad = [r for r in res if r.code]
         if bad:
+            if self.opts.json:  # each host that refused the sweep: {host, ok: false, error, code}
+                from ..fleet.fanout import emit_missing
+                emit_missing(self.term, bad)
             code = max(int(r.code) for r in bad)
             if code == ExitCode.UNREACHABLE:
                 raise HostUnreachable(f"cannot reach {', '.join(r.host for r in bad)}; nothing "
