@@ -89,6 +89,8 @@ def _boundary(c, name, flags):
         return body(c, opts)
     except LlmfabError as e:
         raise Exit(f"error: {e.message}" if e.message else None, code=int(e.code)) from None
+    except KeyboardInterrupt:  # Ctrl-C in a task body before any host (tasks/interrupts.py: after)
+        raise Exit("interrupted (Ctrl-C): nothing was done on any host", code=130) from None
 
 
 @command(**{
@@ -100,9 +102,12 @@ def _boundary(c, name, flags):
     "rolling": "N hosts at a time, each batch ready before the next; at the first failed host "
                "stop and put it back (default: the profile's target.rolling, else all at once)",
     "smoke": "a host counts as deployed once it also answered one 1-token completion",
+    "no-restore": "if the new release fails to start after the running one was stopped, leave "
+                  "it stopped (default: put the running one back)",
 })
 def deploy(c, profile=None, dry_run=False, no_wait=False, timeout=None, stop_on_timeout=False,
-           json=False, rolling=None, smoke=False, parallel=32, accept_new_host_keys=False):
+           json=False, rolling=None, smoke=False, no_restore=False, parallel=32,
+           accept_new_host_keys=False):
     return _boundary(c, "deploy", locals())
 
 
@@ -145,8 +150,10 @@ def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_hos
     "timeout": "seconds to wait for readiness (default: the profile's ready.timeout)",
     "no-wait": "return once launched, without waiting for readiness",
     "json": "print one JSON object per host on stdout (a failed start: with `fatal`)",
+    "release": "relaunch this release (a stamp from `fab releases`) instead of the one before "
+               "`current`, e.g. the one an interrupted deploy stopped",
 })
-def rollback(c, profile=None, timeout=None, no_wait=False, json=False, parallel=32,
+def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=None, parallel=32,
              accept_new_host_keys=False):
     return _boundary(c, "rollback", locals())
 

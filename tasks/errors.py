@@ -80,7 +80,15 @@ class PreflightFailed(OperationFailed):
 
 
 class LockHeld(OperationFailed):
-    """Another deploy/stop/rollback of the same deployment holds the lock."""
+    """Another deploy/stop/rollback of the same deployment holds the lock (`holder`: who)."""
+
+    holder = None
+
+    @classmethod
+    def naming(cls, holder, message):
+        err = cls(message)
+        err.holder = holder
+        return err
 
 
 class TaskFailed(LlmfabError):

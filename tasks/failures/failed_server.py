@@ -26,6 +26,34 @@ class ServerFailed(OperationFailed):
                            "fatal": self.fatal}
 
 
+def launch_failed(error, release):
+    """The ServerFailed of a launch the host refused (AgentError kind launch_failed: exec
+    failed, launch.py died): the host recorded it in the release already (start-failed.json);
+    this is the same cause and fix, said here as every failed start is."""
+    from .explain import Explanation
+    d = error.data or {}
+    lines = [d["line"]] if d.get("line") and d["line"] != error.message else []
+    ex = Explanation(d.get("rule") or "launcher-failed", d.get("line"), error.message,
+                     d.get("fix") or "see the release's launch.py", lines)
+    return ServerFailed(ex, {"release": release})
+
+
+def raise_launch_failed(release):
+    """A context manager: an AgentError of kind launch_failed inside becomes launch_failed()."""
+    import contextlib
+    from ..transport.agent import AgentError
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except AgentError as e:
+            if e.kind != "launch_failed":
+                raise
+            raise launch_failed(e, release) from None
+    return guard()
+
+
 def host_readings(host, profile, server, exit=None):
     from .explain import Readings
 

@@ -17,6 +17,8 @@ OPS = {
     # deploy: lock, release, files, GPU baseline, launch
     "lock": OpInfo("lock", "op_lock", "take the deployment's lock (flock) or name its holder"),
     "unlock": OpInfo("lock", "op_unlock", "release the deployment's lock"),
+    "lock_phase": OpInfo("lock", "op_lock_phase", "say what the lock's holder does now: waiting "
+                                                  "(a stop may end it) or changing the host"),
     "preflight": OpInfo("preflight", "op_preflight", "the host's checks before a launch: Python, engine, paths, "
                                                      "models, port, GPUs"),
     "host_facts": OpInfo("preflight", "op_host_facts", "engine version and GPU names: are two hosts "

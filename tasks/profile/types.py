@@ -22,7 +22,9 @@ class Secret:
     """An env value read from the operator's environment (`{ from_env = "NAME" }`)."""
 
     source: str                      # the local environment variable it came from
-    value: str                       # never printed (repr shows `value=...`), never on argv
+    value: Optional[str]             # never printed (repr shows `value=...`), never on argv;
+                                     # None when unset here and the task launches nothing
+    missing: Optional[str] = None    # then: the exit-2 message a launching task gives
 
     def __repr__(self):
         return f"Secret(source={self.source!r}, value=...)"
@@ -177,6 +179,11 @@ class Profile:
     @property
     def secrets(self):
         return {k: v for k, v in self.server.env if isinstance(v, Secret)}
+
+    def missing_secrets(self):
+        """The messages of secrets whose variable is not set here (only a profile loaded for a
+        task that launches nothing has any: tasks/profile/load.py)."""
+        return [v.missing for v in self.secrets.values() if v.missing]
 
     def plain_env(self):
         return {k: v for k, v in self.server.env if not isinstance(v, Secret)}

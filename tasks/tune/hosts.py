@@ -64,7 +64,7 @@ def put_back(host, base, before, reporter, *, keep, tuned=None, stale_agent=None
     take_lock(host, ddir, "tune", stale_agent=stale_agent)
     if keep == "winner" and tuned is not None:
         from ..deploy import deploy_host
-        res = deploy_host(host, tuned, DeployOptions(), reporter)
+        res = deploy_host(host, tuned, DeployOptions(), reporter, restore=False)
         return f"the winner runs: release {res.data['release']} ({tuned.path.name})"
     state = host.call("state", deploy_dir=ddir)
     now = (state.get("server") or {}).get("release") if state.get("alive") else None

@@ -193,7 +193,7 @@ class Sweep:
         say(name, variant, "deploy")
         opts = DeployOptions(stop_on_timeout=True)
         try:
-            res = deploy_host(host, profile, opts, log)
+            res = deploy_host(host, profile, opts, log, restore=False)  # a failed variant is recorded
         except (HostUnreachable, ConnectionLost):
             raise
         except PreflightFailed as e:

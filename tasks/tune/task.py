@@ -77,7 +77,7 @@ def tune(c, opts):
     """Body of `fab tune` (opts: tasks.tune.options.TuneOptions)."""
     from ..fleet.runner import load
     from .variants import build
-    base = load(c, opts.profile)
+    base = load(c, opts.profile, launching=True)
     if base.cluster is not None:
         raise UsageError(f"{base.path}: fab tune does not sweep [cluster] profiles (nothing was done)")
     concurrency = opts.concurrency
