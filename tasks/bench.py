@@ -17,6 +17,7 @@ are counter deltas over the bench alone. `--compare A.json,B.json` prints two sa
 import json
 from pathlib import Path
 
+from .doctor.sampling import PROBE_REQUESTS, window_sampling
 from .measure import bench_stats, metrics, workload
 from .fleet.runner import load, run_task
 from .errors import ExitCode, OperationFailed, UsageError
@@ -102,9 +103,28 @@ def measure_once(host, profile, reporter, port, prompts, req, server, ddir):
         reporter.line(host.name, f"/metrics unreadable: {e}")
         spec = None
     rec = bench_stats.record(host.name, raw, spec)
+    # the request's sampling; the server's default is known from the doctor's answer below
+    rec["sampling"] = window_sampling(req.get("sampling"), {"temperature": None, "source": "server default"})
     if rec["spec"] is not None:  # the doctor's verdict over this window (tasks/doctor/findings.py)
         from .doctor.findings import bench_verdict
-        rec["_verdict_lines"] = bench_verdict(host, profile, ddir, server.get("release"), raw, spec, rec["spec"])
+
+        def probe():  # a short greedy run, only when the rule table needs greedy evidence
+            greedy = dict(req, requests=PROBE_REQUESTS,
+                          sampling=dict(req.get("sampling") or {}, temperature=0))
+            p_raw = host.call("bench", port=port, host=profile.server.host, engine=engine,
+                              model=profile.served_name, models_path=profile.ready.models_path,
+                              api_key=profile.api_key, prompts=prompts, **greedy)
+            _settle(host, profile, port, p_raw,
+                    sum(s["output_tokens"] for s in p_raw["samples"] if s["ok"]))
+            try:
+                return bench_stats.window_spec(p_raw, engine), PROBE_REQUESTS
+            except ValueError:
+                return None, PROBE_REQUESTS
+
+        text, more, rec["sampling"] = bench_verdict(host, profile, ddir, server.get("release"), raw,
+                                                    spec, rec["spec"], req.get("sampling"),
+                                                    probe if engine == "vllm" else None)
+        rec["_verdict_lines"] = (text, more)
     return rec, raw
 
 
