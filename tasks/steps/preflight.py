@@ -31,6 +31,8 @@ def preflight_request(profile: Profile, state=None):
     s = profile.server
     req = dict(
         engine=s.engine,
+        # the engine is looked for as the launch will run it: this interpreter, this environment
+        python=s.interpreter, env=profile.plain_env(),
         argv0=s.command[0] if s.engine == "command" and s.command else None,
         paths=model_paths(profile),
         host=s.host, port=s.port, deploy_dir=deploy_dir(profile),
