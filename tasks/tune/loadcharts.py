@@ -13,6 +13,7 @@ variant's colour is the same in every chart (htmlreport.color).
 import math
 from html import escape
 
+from ..measure.repeats import median
 from . import slo as slo_rules
 from .htmlreport import H, PAD_B, PAD_L, PAD_R, PAD_T, W, _fmt, _legend, _ticks, color
 from .slots import gpus_per_variant
@@ -95,17 +96,9 @@ def _series(records, variants):
             if v.name in by and by[v.name].get("status") == "measured" and by[v.name].get("points")]
 
 
-def _median(values):
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
-
-
 def bound_chart(series, bound, unit):
     """One bound: each variant's figure against the load, the bound dashed."""
-    vals = [_median([r.get(bound.key) for r in p.get("runs_slo_ms") or []])
+    vals = [median([r.get(bound.key) for r in p.get("runs_slo_ms") or []])
             for _, _, rec in series for p in rec["points"]]
     loads = [p["load"] for _, _, rec in series for p in rec["points"]]
     top = max([v for v in vals if v is not None] + [bound.limit_ms]) * 1.1
@@ -117,7 +110,7 @@ def bound_chart(series, bound, unit):
     n = len(series)
     for si, (vi, v, rec) in enumerate(series):
         col = color(vi)
-        pts = sorted((p["load"], _median([r.get(bound.key) for r in p.get("runs_slo_ms") or []]), p)
+        pts = sorted((p["load"], median([r.get(bound.key) for r in p.get("runs_slo_ms") or []]), p)
                      for p in rec["points"])
         pts = [(ld, val, p) for ld, val, p in pts if val is not None]
         off = (si - (n - 1) / 2) * 4

@@ -164,3 +164,24 @@ def test_no_two_x_tick_labels_of_a_chart_overlap(tpots):
         assert labels, svg
         for (xa, a), (xb, b) in zip(labels, labels[1:]):
             assert xb - xa >= 6.5 * (len(a) + len(b)) / 2, labels  # at 11 px a character is < 6.5 px
+
+
+def test_tunes_record_of_repeated_runs_is_measures_one_summary():
+    """tune keeps what `fab bench --repeat` keeps (tasks/measure/repeats.py summarize), tpot
+    and server_ms too, and its spread is that summary's, renamed."""
+    from tasks.measure.repeats import summarize
+    from tasks.tune import results
+
+    def run(tps, tpot):
+        return {"host": "h1", "requests": 8, "errors": 0, "duration_s": 1.0, "requests_per_s": 8.0,
+                "output_tokens_per_s": tps, "ttft_ms": {"p50": 20, "p90": tps / 10},
+                "itl_ms": {"p50": 5.0, "p90": 6.0}, "tpot_ms": {"p50": tpot, "p90": tpot * 1.5},
+                "server_ms": {"ttft_mean": 9.0, "tpot_mean": tpot}, "spec": None}
+    runs = [run(100.0, 10.0), run(130.0, 12.5), run(90.0, 11.0), run(120.0, 14.0)]
+    want = summarize([dict(r) for r in runs])
+    rec = results.measured("k=2", {}, "h1", "r1", 4, runs)
+    for key in ("output_tokens_per_s", "ttft_ms", "itl_ms", "tpot_ms", "server_ms", "requests_per_s"):
+        assert rec[key] == want[key], key
+    assert rec["output_tokens_per_s"] == 110.0 and rec["tpot_ms"]["p50"] == 11.75
+    assert rec["repeats"] == 4
+    assert rec["spread"]["output_tokens_per_s"] == want["repeat"]["spread"]["output tok/s"]
