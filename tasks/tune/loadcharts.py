@@ -19,6 +19,34 @@ from .slots import gpus_per_variant
 from .tables import slo_records
 
 
+TICK_CHAR_PX = 7   # a generous width of one character of an 11 px tick label
+TICK_GAP_PX = 6    # the least space between two tick labels
+
+
+def tick_label(v):
+    return _fmt(round(v, 1))
+
+
+def tick_values(xs, x):
+    """The x values to label, left to right, no two labels overlapping: the first and the last
+    (where there is room for both), those in between while they leave room."""
+    def half(v):
+        return len(tick_label(v)) * TICK_CHAR_PX / 2
+
+    def clear(a, b):
+        return x(b) - half(b) - (x(a) + half(a)) >= TICK_GAP_PX
+    shown = []
+    for v in xs:
+        if not shown or clear(shown[-1], v):
+            shown.append(v)
+    if shown[-1] != xs[-1]:
+        while len(shown) > 1 and not clear(shown[-1], xs[-1]):
+            shown.pop()
+        if clear(shown[-1], xs[-1]):
+            shown.append(xs[-1])
+    return shown
+
+
 def _axes(title, xlabel, ylabel, xs, ymax, log):
     """(svg parts, x(v), y(v)): a numeric x (log or linear) and a 0-based y."""
     ticks = _ticks(ymax)
@@ -43,10 +71,9 @@ def _axes(title, xlabel, ylabel, xs, ymax, log):
         parts.append(f'<text x="{PAD_L - 6}" y="{y(t) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
     parts.append(f'<line x1="{PAD_L}" x2="{PAD_L}" y1="{PAD_T}" y2="{PAD_T + ih}" stroke="#333"/>')
     parts.append(f'<line x1="{PAD_L}" x2="{PAD_L + iw}" y1="{PAD_T + ih}" y2="{PAD_T + ih}" stroke="#333"/>')
-    shown = xs if len(xs) <= 12 else xs[::max(1, len(xs) // 10)]
-    for v in shown:
+    for v in tick_values(xs, x):
         parts.append(f'<text x="{x(v):.1f}" y="{PAD_T + ih + 16}" text-anchor="middle" '
-                     f'font-size="11">{_fmt(round(v, 1))}</text>')
+                     f'font-size="11">{tick_label(v)}</text>')
     parts.append(f'<text x="{PAD_L + iw / 2:.1f}" y="{H - 6}" text-anchor="middle" font-size="12">'
                  f'{escape(xlabel)}</text>')
     parts.append(f'<text x="14" y="{PAD_T + ih / 2:.1f}" text-anchor="middle" font-size="12" '

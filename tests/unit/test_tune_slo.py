@@ -136,3 +136,31 @@ def test_the_engine_help_parser_reads_flags_and_choices():
     got = parse_flags(text)
     assert got["max-num-seqs"] is None and got["dtype"] == ["auto", "half"]
     assert "gpu-memory-utilization" in got
+
+
+def tick_labels(svg):
+    """[(x, text)] of the x-axis tick labels of one chart (the row of labels under the axis)."""
+    import re
+    from tasks.tune.htmlreport import H, PAD_B, PAD_T
+    row = H - PAD_B + 16
+    return [(float(x), t) for x, y, t in re.findall(
+        r'<text x="([\d.]+)" y="([\d.]+)" text-anchor="middle" font-size="11">([^<]*)</text>', svg)
+        if float(y) == row]
+
+
+@pytest.mark.parametrize("tpots", [
+    [11, 13, 45, 38, 42, 20, 21, 36, 70, 41],   # the browser test's sweep: 22.2, 23.8, 24.4 ...
+    [40.0 + i / 10 for i in range(30)],          # thirty points within 3 ms
+    [20], [20, 20.1]])
+def test_no_two_x_tick_labels_of_a_chart_overlap(tpots):
+    from types import SimpleNamespace
+    from tasks.tune import loadcharts
+    pts = [{"load": i + 1, "score": 100.0 + i, "meets": True, "tpot_ms": {"p50": t},
+            "runs_slo_ms": [{"tpot_p50": t}] * 3} for i, t in enumerate(tpots)]
+    series = [(0, SimpleNamespace(name="k=2", profile=None), {"points": pts, "capacity": 1})]
+    for svg in (loadcharts.pareto_chart(series), loadcharts.goodput_chart(series, "concurrency"),
+                loadcharts.bound_chart(series, slo.parse_slo("tpot_p50<=40")[0], "concurrency")):
+        labels = sorted(tick_labels(svg))
+        assert labels, svg
+        for (xa, a), (xb, b) in zip(labels, labels[1:]):
+            assert xb - xa >= 6.5 * (len(a) + len(b)) / 2, labels  # at 11 px a character is < 6.5 px
