@@ -106,24 +106,24 @@ def _boundary(c, name, flags):
                   "it stopped (default: put the running one back)",
 })
 def deploy(c, profile=None, dry_run=False, no_wait=False, timeout=None, stop_on_timeout=False,
-           json=False, rolling=None, smoke=False, no_restore=False, parallel=32,
+           json=False, rolling=None, smoke=False, no_restore=False, parallel=None,
            accept_new_host_keys=False):
     return _boundary(c, "deploy", locals())
 
 
 @command(json="print one JSON object per host on stdout (human text goes to stderr)")
-def check(c, profile=None, json=False, parallel=32, accept_new_host_keys=False):
+def check(c, profile=None, json=False, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "check", locals())
 
 
 @command(json="print one JSON object per host on stdout (human text goes to stderr)")
-def status(c, profile=None, json=False, parallel=32, accept_new_host_keys=False):
+def status(c, profile=None, json=False, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "status", locals())
 
 
 @command(grace="seconds between SIGTERM and SIGKILL (default 30)",
          json="print one JSON object per host on stdout (human text goes to stderr)")
-def stop(c, profile=None, grace=30.0, json=False, parallel=32, accept_new_host_keys=False):
+def stop(c, profile=None, grace=None, json=False, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "stop", locals())
 
 
@@ -133,7 +133,7 @@ def stop(c, profile=None, grace=30.0, json=False, parallel=32, accept_new_host_k
     "grep": "only lines matching this regular expression",
     "release": "read an older release's log (a stamp from `fab releases`)",
 })
-def tail_log(c, profile=None, lines=50, follow=False, grep=None, release=None, parallel=32,
+def tail_log(c, profile=None, lines=None, follow=False, grep=None, release=None, parallel=None,
              accept_new_host_keys=False):
     return _boundary(c, "tail-log", locals())
 
@@ -142,7 +142,7 @@ def tail_log(c, profile=None, lines=50, follow=False, grep=None, release=None, p
     "json": "print one JSON object per host on stdout",
     "keep": "first prune to the newest N releases (never the current one or the one before it)",
 })
-def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_host_keys=False):
+def releases(c, profile=None, json=False, keep=None, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "releases", locals())
 
 
@@ -153,7 +153,7 @@ def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_hos
     "release": "relaunch this release (a stamp from `fab releases`) instead of the one before "
                "`current`, e.g. the one an interrupted deploy stopped",
 })
-def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=None, parallel=32,
+def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=None, parallel=None,
              accept_new_host_keys=False):
     return _boundary(c, "rollback", locals())
 
@@ -165,8 +165,8 @@ def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=N
     "dry-run": "list what would be killed (pid, user, command, GPU, MiB); kill nothing",
     "json": "print one JSON object per host on stdout",
 })
-def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=False, json=False,
-                   parallel=32, accept_new_host_keys=False):
+def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=None, dry_run=False, json=False,
+                   parallel=None, accept_new_host_keys=False):
     return _boundary(c, "kill-gpu-procs", locals())
 
 
@@ -189,7 +189,7 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=Fa
                   "--max-tokens tokens (vLLM and SGLang's ignore_eos)",
 })
 def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, prompts=None,
-          json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None,
+          json=False, compare=None, parallel=None, accept_new_host_keys=False, repeat=None,
           seed=None, temperature=None, random_input_len=None, ignore_eos=False):
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
@@ -197,7 +197,7 @@ def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, pro
 
 
 @command(out="write it to this file, replaced in one rename (default: stdout)")
-def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
+def targets(c, profile=None, out=None, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "targets", locals())
 
 
@@ -232,5 +232,5 @@ def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
 def tune(c, profile=None, vary=None, profiles=None, baseline=False, concurrency=None,
          requests=None, input_len=None, max_tokens=None, repeat=None, seed=None,
          objective=None, keep=None, out=None, resume=None, json=False, slo=None, load=None,
-         max_load=None, slots=None, parallel=32, accept_new_host_keys=False):
+         max_load=None, slots=None, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "tune", locals())
