@@ -59,7 +59,8 @@ SERVER_KEYS = table(
         "an absolute path"),
     Key("host", "string", '"0.0.0.0"',
         "the address the server binds (passed as --host to vLLM and SGLang unless [server.args] "
-        "sets host); 0.0.0.0 with no API key gives the preflight WARN `exposure`"),
+        "sets host); 0.0.0.0 with no API key gives the preflight WARN `exposure` (a command "
+        "server: when its command has --host/--bind 0.0.0.0)"),
     Key("port", "integer 1024-65535", "8000",
         "the port the server listens on (passed as --port; readiness, status and bench use it)"),
     Key("command", "array of strings", "required for engine = \"command\", refused otherwise",
