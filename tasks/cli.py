@@ -11,7 +11,7 @@ exit code, and nowhere else.
 import importlib
 from collections import namedtuple
 
-from invoke import task
+from invoke import Task, task
 from invoke.exceptions import Exit
 
 from .errors import LlmfabError
@@ -63,13 +63,32 @@ COMMON = {
 }
 
 
+# Short flags: one letter means one flag in every task, and none is a letter Fabric's core
+# options take (`fab --help`: -c -d -D -e -f -F -h -H -i -l -p -r -R -S -t -T -V -w), which
+# would read differently before and after the task name. Every other flag is long-only
+# (Invoke would otherwise give each flag the first free letter of its name, task by task).
+SHORT_FLAGS = {"json": "j", "dry-run": "n", "vary": "v"}
+
+
+class _Task(Task):
+    """An Invoke task whose flags take their short form from SHORT_FLAGS only."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        short = SHORT_FLAGS.get(opts["names"][0])
+        if short:
+            opts["names"].append(short)
+        return opts
+
+
 def command(iterable=(), **flag_help):
     """@task for the function of the same name in COMMANDS: its summary is the docstring
     (`fab --list`, `fab --help TASK`), `flag_help` plus COMMON the help of each flag;
     `iterable`: flags that may be given several times (a list)."""
     def wrap(function):
         function.__doc__ = COMMANDS[function.__name__.replace("_", "-")].summary
-        return task(help=dict(COMMON, **flag_help), iterable=list(iterable))(function)
+        return task(help=dict(COMMON, **flag_help), iterable=list(iterable), klass=_Task,
+                    auto_shortflags=False)(function)
     return wrap
 
 

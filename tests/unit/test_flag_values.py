@@ -49,3 +49,19 @@ def test_a_bad_flag_value_is_exit_2_naming_the_flag_and_the_value(task, flag, ca
     assert e.value.code == 2, err
     assert len(err.splitlines()) == 1 and err.startswith("error: "), err
     assert f"--{flag}" in err and repr(value) in err, err
+
+
+def test_a_short_flag_means_one_flag_in_every_task_and_none_is_a_core_flag():
+    from fabric.main import program as fab  # `fab` (-c: collection) and `llmfab` (none)
+    core = {name for program in (fab, make_program()) for arg in program.core_args() + fab.task_args()
+            for name in arg.names if len(name) == 1}
+    assert {"c", "d", "H", "i", "p", "S", "t"} <= core
+    meaning = {}
+    for name in ns.task_names:
+        for arg in ns[name].get_arguments():
+            long, shorts = arg.names[0], [n for n in arg.names[1:] if len(n) == 1]
+            assert all(len(n) > 1 for n in arg.names[:1]) and len(shorts) <= 1, (name, arg.names)
+            for short in shorts:
+                assert short not in core, (name, long, short)
+                assert meaning.setdefault(short, long) == long, (name, short, long, meaning[short])
+    assert meaning == {"j": "json", "n": "dry-run", "v": "vary"}
