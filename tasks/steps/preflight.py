@@ -63,8 +63,10 @@ def exposure_checks(profile: Profile):
     vLLM still answers every path outside VLLM_KEY_GUARDS to anyone, /invocations (which
     generates) included."""
     s = profile.server
-    if s.engine == "command":  # [server] host is only where llmfab reaches it: its own argv says
-        host, port = _command_bind(s.command), s.port
+    if s.engine == "command":  # [server] host is only where llmfab reaches it: its argv says
+        host = s.flags.value("host", default=None) or s.flags.value("bind", default=None) \
+            or _command_bind(s.command)
+        port = s.flags.value("port", default=s.port)
     else:
         host = s.flags.value("host", default=s.host)
         port = s.flags.value("port", default=s.port)
