@@ -77,7 +77,7 @@ def exposure_checks(profile: Profile):
     if profile.api_key is None:
         key = ("give the command a key of its own (from [server.env], never on its argv)"
                if s.engine == "command" else
-               f'set a key from your environment ([server.env] VLLM_API_KEY = {{ from_env = "VLLM_API_KEY" }})')
+               'set a key from your environment ([server.env] VLLM_API_KEY = { from_env = "VLLM_API_KEY" })')
         message = (f"the server listens on {host}:{port} with no API key: anyone who can reach port "
                    f"{port} can use it. Either {key}, or {tunnel}")
     elif s.engine == "vllm":

@@ -15,7 +15,6 @@ sleeps: every step waits on something the host shows). One test per class of sur
 import json
 import os
 import signal
-import stat
 import time
 
 import pytest

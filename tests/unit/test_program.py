@@ -15,7 +15,7 @@ import functools
 import shutil
 import sys
 from lab import REPO
-from installs import installed, ok, run, userdir
+from installs import installed, ok, run, userdir  # noqa: F401 (fixtures)
 
 
 # Every task of the checkout's collection (what `fab --list` shows there), sorted.
