@@ -2,7 +2,7 @@
 
 Unit tests cover the pure parts (line assembly, UTF-8 across chunk boundaries, the
 host's backwards tail, prune, the releases table); the e2e tests run the real `fab`
-against real sshd hosts (tests/lab.py) with a tiny `engine = "command"` server.
+against real sshd hosts (tests/hostlab.py) with a tiny `engine = "command"` server.
 
 Here: the rest; the tests on lab hosts are in tests/lab/test_logs_releases_e2e.py."""
 import base64
