@@ -87,6 +87,17 @@ def test_a_tie_within_one_percent_goes_to_the_simpler_variant():
     assert d["winner"] == "k=4" and not d["tie"] and "11.7% more than" not in d["why"], d
 
 
+def test_a_sweep_where_nothing_started_does_not_say_no_variant_met_the_bounds():
+    # Seen with two variants that both failed to start: "no variant meets the bounds at any
+    # load measured", as if loads had been measured and missed.
+    vs = [{"name": "a=1", "k": None, "capacity": None, "goodput": None, "points": []},
+          {"name": "a=2", "k": None, "capacity": None, "goodput": None, "points": []}]
+    d = slo.decide(vs, "concurrency")
+    assert d["winner"] is None and d["why"].startswith("no variant was measured: each failed to start"), d
+    vs[0]["points"] = [point(1, 0, False)]
+    assert slo.decide(vs, "concurrency")["why"] == "no variant meets the bounds at any load measured"
+
+
 def test_the_winner_per_load_range_reads_as_ranges():
     vs = [{"name": "k=4", "k": 4, "capacity": 8, "points": [point(1, 300), point(4, 700), point(8, 800), point(16, 0, False)]},
           {"name": "k=2", "k": 2, "capacity": 32, "points": [point(1, 250), point(4, 650), point(8, 900), point(32, 1500), point(64, 0, False)]},
