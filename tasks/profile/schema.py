@@ -218,10 +218,13 @@ def _server(ck, s):
     if engine == "vllm":
         _vllm_int_flags(ck, p + ("env",), env)
     flag = server.flags.get("port")
-    if engine != "command" and flag is not None and flag.value != port:
-        # Readiness polls server.port; a different --port in args would wait on the wrong port.
+    if flag is not None and flag.value != port:
+        # Readiness polls server.port; a different --port in args would wait on the wrong port
+        # (a command server too: it is told --port from its [server.args]).
         ck.fail(p + ("args", flag.key), f"the same port as server.port ({port}); "
-                                        "set the port in [server] instead", flag.value)
+                                        "set the port in [server] instead"
+                                        + (" and give the command the same" if engine == "command" else ""),
+                flag.value)
     return server
 
 
