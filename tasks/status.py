@@ -7,7 +7,10 @@
 served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
 `cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
 `ready_s`, as its deploy recorded them; from /metrics also `requests_running,
-requests_waiting, kv_cache_usage` (0..1), null where the engine does not say), and the lines
+requests_waiting, kv_cache_usage` (0..1), null where the engine does not say), `gpu_holders`
+[{pid, name, gpu, mib, ours}]: every process with memory on the profile's GPUs, `ours` when it
+carries this deployment's release marker (with no server running, such a one is named in the
+text with the `fab kill-gpu-procs` that frees it), and the lines
 only a human reads. `render(status)` turns it into text and
 `verdict(status)` into the host's result: no host is needed to test either.
 Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 from .errors import ExitCode
 from .hostside.common import exit_words
 from .fleet.fanout import HostResult
-from .output import Block, indented
+from .output import Block, fab_hint, indented
 
 
 @dataclass
@@ -31,6 +34,7 @@ class Status:
     fix: str = None                                    # and what to do (tasks/failures/failed_server.py)
     source: str = None                                 # the failure rule that said so
     supervisor_lines: list = field(default_factory=list)
+    holder_lines: list = field(default_factory=list)   # our processes holding GPU memory, no server
 
     @property
     def healthy(self):
@@ -77,6 +81,14 @@ def gather(host, profile, ddir):
     gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
                       for g in (gpus["gpus"] or [])] or None
+    # who holds that memory; ours: carries this deployment's release marker (hostside/gpuprocs.py)
+    held = host.call("gpu_holders", deploy_dir=ddir, nvidia_smi=profile.gpu.nvidia_smi,
+                     devices=profile.devices)["holders"]
+    record["gpu_holders"] = [{k: h[k] for k in ("pid", "name", "gpu", "mib", "ours")} for h in held]
+    if not alive:  # an engine child that outlived its server keeps the GPU from the next start
+        out.holder_lines = [f"GPU {h['gpu']}: pid {h['pid']} ({h['name']}) of release {h['release']} holds "
+                            f"{h['mib']} MiB; `{fab_hint(profile, 'kill-gpu-procs')}` frees it"
+                            for h in held if h["ours"]]
     if alive:
         poll = host.call("poll", deploy_dir=ddir, release=server["release"], pid=server["pid"],
                          port=server["port"], host=profile.server.host,
@@ -159,6 +171,7 @@ def render(status):
     if r["running"] and summary(r):
         lines.append("  " + summary(r) + f" (ready in {r['ready_s']:.1f} s)")
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
+    lines += [indented(t, 2) for t in status.holder_lines]
     lines += [indented(t, 2) for t in status.metric_lines]
     lines += [indented(t, 2) for t in status.supervisor_lines]
     return lines + list(status.cluster_lines)

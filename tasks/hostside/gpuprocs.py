@@ -17,7 +17,7 @@ import os
 import re
 
 from . import gpu
-from .common import PROC, cmdline, fd_targets, pids, proc_read, read_bytes, stat_fields
+from .common import PROC, cmdline, expand, fd_targets, pids, proc_read, read_bytes, stat_fields
 
 GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nv-fabricmanager",
@@ -196,3 +196,37 @@ def _note(foreign, procs):
 
 def op_gpu_procs(req):
     return survey(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))
+
+
+def _release_of(pid, marker, proc_root=PROC):
+    """The release whose marker (LLMFAB_RELEASE=<ddir>/releases/<R>...) pid's environment carries."""
+    for item in (proc_read(pid, "environ", proc_root) or b"").split(b"\0"):
+        if item.startswith(marker + b"/"):
+            return item[len(marker) + 1:].split(b"/")[0].decode("utf-8", "replace")
+    return None
+
+
+def _name(p):
+    """VLLM::EngineCore rather than its 15-character comm when the command line says it whole."""
+    first = (p["command"] or "").split(" ")[0]
+    return first if p["comm"] and first.startswith(p["comm"]) else (p["comm"] or first)
+
+
+def holders(ddir, nvidia_smi="nvidia-smi", devices=None, proc_root=PROC):
+    """Who holds memory on the selected GPUs: [{pid, name, gpu, mib, ours, release}], one per
+    process and GPU; `ours` when its environment carries this deployment's release marker
+    (the same marker stop's sweep looks for), `release` then names the release."""
+    from .common import release_marker
+    marker = release_marker(expand(ddir))
+    out = []
+    for p in survey(nvidia_smi, devices, proc_root)["procs"]:
+        release = _release_of(p["pid"], marker, proc_root)
+        for g in p["gpus"]:
+            if g["used_mib"]:
+                out.append({"pid": p["pid"], "name": _name(p), "gpu": g["index"],
+                            "mib": g["used_mib"], "ours": release is not None, "release": release})
+    return out
+
+
+def op_gpu_holders(req):
+    return {"holders": holders(req["deploy_dir"], req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))}

@@ -48,6 +48,8 @@ OPS = {
     # GPUs and processes
     "gpus": OpInfo("gpu", "op_gpus", "nvidia-smi's reading of each (selected) GPU"),
     "gpu_procs": OpInfo("gpuprocs", "op_gpu_procs", "every process on the selected GPUs (nvidia-smi and /proc)"),
+    "gpu_holders": OpInfo("gpuprocs", "op_gpu_holders", "who holds memory on the selected GPUs; ours: "
+                                                        "carries this deployment's release marker"),
     "stop": OpInfo("procs", "op_stop", "stop the deployment: TERM its group, grace, KILL, sweep marked stragglers"),
     "kill_procs": OpInfo("procs", "op_kill_procs", "TERM, then KILL, the given processes"),
     # releases

@@ -169,7 +169,22 @@ def run(req):
     if req.get("deploy_dir"):
         checks.append(check_disk(req["deploy_dir"]))
     checks += check_gpus(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"), req.get("min_free_mib", 0))
+    if req.get("deploy_dir"):
+        checks += check_orphans(req["deploy_dir"], req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))
     return checks
+
+
+def check_orphans(ddir, nvidia_smi, devices):
+    """A FAIL for each process of this deployment that holds GPU memory while not being part of
+    the live server (an engine child left behind by a killed server); others: check_gpus."""
+    from .common import expand, read_json, server_alive
+    from .gpuprocs import holders
+    ddir = expand(ddir)
+    server = read_json(os.path.join(ddir, "server.json"))
+    live = server["release"] if server and server_alive(ddir, server) else None
+    return [_rec("gpu", "FAIL", "GPU %d: pid %d (%s) of release %s holds %s MiB with no server running; "
+                 "free it with `fab kill-gpu-procs`" % (h["gpu"], h["pid"], h["name"], h["release"], h["mib"]))
+            for h in holders(ddir, nvidia_smi, devices) if h["ours"] and h["release"] != live]
 
 
 def op_preflight(req):

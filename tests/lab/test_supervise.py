@@ -39,9 +39,9 @@ def profile(lab, name, port, env=(), supervise=(), timeout=60):
              "[server.env]"]
     env = dict({"STANDIN_GPU_MIB": str(MIB), "STANDIN_LOAD_SECONDS": "0.3"}, **dict(env))
     lines += [f'{k} = "{v}"' for k, v in env.items()]
-    lines += ["[ready]", f"timeout = {timeout}", "poll_interval = 0.2",
-              "[supervise]", 'restart = "on-failure"']
-    lines += [f"{k} = {json.dumps(v)}" for k, v in dict({"backoff": 1}, **dict(supervise)).items()]
+    lines += ["[ready]", f"timeout = {timeout}", "poll_interval = 0.2", "[supervise]"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in
+              dict({"restart": "on-failure", "backoff": 1}, **dict(supervise)).items()]
     return write_profile(lab, name, lines)
 
 
@@ -256,6 +256,36 @@ def test_orphaned_workers_are_swept_and_the_relaunch_waits_until_their_memory_is
     finally:
         (fake / "teardown_s").unlink(missing_ok=True)
         (fake / "readings.jsonl").unlink(missing_ok=True)
+
+
+def test_an_engine_child_left_holding_gpu_memory_is_named_refused_and_freed(lab):
+    """kill -9 of the server only (no supervisor): its setsid'd engine child keeps its GPU memory.
+    status names it (pid, MiB, the kill-gpu-procs to run), deploy refuses, kill-gpu-procs frees it."""
+    name = "sup-holder"
+    prof = profile(lab, name, 31108, {"STANDIN_WORKER_SETSID": "1"}, supervise={"restart": "no"})
+    fab(lab, "deploy", profile=prof)
+    server = server_pid(lab, name)
+    fake = lab.fakegpu_dir(HOST)
+    regs = [read(p) for p in (fake / "procs").glob("*.json")]
+    child = {r["host_pid"] for r in regs if r and "released_at" not in r and alive(r["host_pid"])} - {server}
+    assert len(child) == 1
+    child = child.pop()
+    os.kill(server, signal.SIGKILL)
+    wait_for(lambda: not alive(server), 10, "the server to die")
+    st, r = status(lab, prof)
+    assert r.returncode == 1 and not st["running"]
+    ours = [h for h in st["gpu_holders"] if h["ours"]]
+    assert {h["pid"] for h in ours} == {child} and sum(h["mib"] for h in ours) > 0
+    text = lab.fab("status", profile=prof, timeout=60)
+    assert f"pid {child} (" in text.stdout and "fab kill-gpu-procs --profile" in text.stdout
+    assert f"holds {ours[0]['mib']} MiB" in text.stdout
+    r = lab.fab("deploy", profile=prof, timeout=180)
+    assert r.returncode != 0 and f"pid {child} (" in r.stdout + r.stderr
+    fab(lab, "kill-gpu-procs", profile=prof)
+    wait_for(lambda: not alive(child), 20, "the engine child to be killed")
+    fab(lab, "deploy", profile=prof)
+    assert status(lab, prof)[1].returncode == 0
+    fab(lab, "stop", profile=prof)
 
 
 def test_stop_during_backoff_ends_the_supervisor_and_nothing_launches_after(lab):
