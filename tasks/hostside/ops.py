@@ -55,6 +55,12 @@ OPS = {
     "metrics": OpInfo("bench", "op_metrics", "one or two /metrics snapshots"),
     "bench": OpInfo("bench", "op_bench", "warm up once, then run the measured window"),
     "smoke": OpInfo("bench", "op_smoke", "one 1-token completion"),
+    # weights (fab pull)
+    "weights_plan": OpInfo("weights", "op_weights_plan", "which model files are present and verified, "
+                                                         "which partial; bytes needed and free"),
+    "weights_prepare": OpInfo("weights", "op_weights_prepare", "create a model directory and its subdirectories"),
+    "weights_commit": OpInfo("weights", "op_weights_commit", "verify a received file (size, sha256), rename it into place"),
+    "weights_manifest": OpInfo("weights", "op_weights_manifest", "write manifest.json beside the weights"),
     # Ray clusters
     "ray_address": OpInfo("ray_node", "op_ray_address", "the head node's address"),
     "ray_start": OpInfo("ray_node", "op_ray_start", "start this Ray node (head or worker) detached"),
