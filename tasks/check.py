@@ -4,16 +4,16 @@
 
 The same checks as deploy's preflight (tasks/steps/preflight.py), one line each; exit 1 when
 any FAILs. `--json`: one object per host, `{host, ok, checks: [{status, check, message}], findings}`
-(findings: the speculative-decoding doctor's, tasks/doctor/findings.py).
+(findings: the speculative-decoding doctor's, tasks/doctor/findings.py); a FAIL adds `error`
+and `code`, an unreachable host is `{host, ok: false, error, code}`.
 """
 from .doctor.findings import split
 from .fleet.fanout import HostResult
-from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
+from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight, secret_checks
 
 
 def check(c, opts):
     """Body of `fab check` (opts: tasks.options.CheckOptions)."""
-    from .errors import PreflightFailed
     from .fleet.runner import load, run_task
     profile = load(c, opts.profile)
 
@@ -22,16 +22,11 @@ def check(c, opts):
         reporter.line(host.name, f"connected: {hello['user']}@{hello['hostname']}")
         state = host.call("state", deploy_dir=deploy_dir(profile))
         record = {"host": host.name, "ok": True, "checks": [], "findings": []}
-        try:
-            checks = run_preflight(host, reporter, preflight_request(profile, state),
-                                   exposure_checks(profile))
-        except PreflightFailed as e:
-            record["checks"], record["findings"] = split(e.checks)  # the doctor's (tasks/doctor/findings.py)
-            record["ok"] = False
-            if opts.json:
-                reporter.emit_json(record)
-            raise
-        record["checks"], record["findings"] = split(checks)
+        # A FAIL raises PreflightFailed, whose --json object (ok false, checks, findings) the
+        # fan-out prints (tasks/fleet/fanout.py error_record), as for an unreachable host.
+        checks = run_preflight(host, reporter, preflight_request(profile, state),
+                               exposure_checks(profile) + secret_checks(profile))
+        record["checks"], record["findings"] = split(checks)  # the doctor's (tasks/doctor/findings.py)
         if opts.json:
             reporter.emit_json(record)
         warns = sum(c["status"] == "WARN" for c in checks)

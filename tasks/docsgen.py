@@ -195,7 +195,7 @@ def architecture_page():
            "Every module, with the first paragraph of its docstring, folder by folder. The client "
            "runs the tasks: one module per task at the top of `tasks/`, the steps they share in "
            "`tasks/steps/`, and one package per capability beside them; imports only run downward "
-           "(a task imports steps, steps import capabilities, nothing imports a task). What runs on a "
+           "(a task imports steps, steps import capabilities, and none of those imports a task; among tasks, deploy and targets reuse `releases`, and tune deploys and benches through `deploy`, `bench` and `releases`). What runs on a "
            "host is standard library only, Python 3.9+ (`tasks/hostside/`, shipped to the host as the "
            "agent; its supervisor and the modules it uses also go into a supervised release). "
            "`fabfile.py` exposes the tasks to `fab`; `configs/` holds example profiles; `tests/` the "

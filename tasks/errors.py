@@ -37,6 +37,10 @@ class LlmfabError(Exception):
         super().__init__(message)
         self.message = message
         self.details = tuple(details)  # extra lines (log excerpts) shown under the message
+        # Fields this error adds to its host's --json object, after {host, ok, error, code}
+        # (tasks/fleet/fanout.py error_record): a failed preflight's checks and findings, a
+        # failed server's release, pid and fatal.
+        self.json_extra = {}
 
 
 class ProfileError(LlmfabError, ValueError):
@@ -76,12 +80,20 @@ class PreflightFailed(OperationFailed):
 
 
 class LockHeld(OperationFailed):
-    """Another deploy/stop/rollback of the same deployment holds the lock."""
+    """Another deploy/stop/rollback of the same deployment holds the lock (`holder`: who)."""
+
+    holder = None
+
+    @classmethod
+    def naming(cls, holder, message):
+        err = cls(message)
+        err.holder = holder
+        return err
 
 
 class TaskFailed(LlmfabError):
     """Some host failed; each was reported with its reason as it happened. Carries the worst
-    host's exit code (DESIGN: with several hosts, the worst code of them all)."""
+    host's exit code (with several hosts, the worst code of them all: docs/reference/cli.md)."""
 
     def __init__(self, code):
         super().__init__("")

@@ -9,9 +9,9 @@ nothing. Nothing to kill is success (exit 0).
 """
 
 from .fleet.runner import load, run_task
-from .errors import ExitCode, OperationFailed
+from .errors import ExitCode, LlmfabError, OperationFailed
 from .fleet.fanout import HostResult
-from .steps.gpu_memory import gpu_lines, profile_devices, wait_freed
+from .steps.gpu_memory import gpu_lines, wait_freed
 from .hostside.gpu import tolerance
 from .output import table_lines
 
@@ -24,7 +24,7 @@ def selection(opts, profile):
         return None
     if opts.gpus is not None:
         return list(opts.gpus)
-    return profile_devices(profile)
+    return profile.devices
 
 
 def process_rows(procs):
@@ -50,14 +50,17 @@ def kill_gpu_procs(c, opts):
         name = host.name
         host.start()
         s = host.call("gpu_procs", nvidia_smi=nvidia_smi, devices=devices, timeout=60)
-        record = {"host": name, "dry_run": bool(opts.dry_run), "devices": devices,
+        record = {"dry_run": bool(opts.dry_run), "devices": devices,
                   "gpus_before": s["gpus"], "processes": s["procs"], "foreign": s["foreign"],
                   "killed": [], "gpus_after": None, "freed_mib": None}
         try:
-            return _free(host, reporter, s, record, devices, grace, nvidia_smi)
-        finally:
-            if json_mode:
-                reporter.emit_json(record)
+            res = _free(host, reporter, s, record, devices, grace, nvidia_smi)
+        except LlmfabError as e:  # its --json object: {host, ok: false, error, code, ...record}
+            e.json_extra = dict(record, **e.json_extra)
+            raise
+        if json_mode:
+            reporter.emit_json(dict({"host": name, "ok": True}, **record))
+        return res
 
     run_task(c, profile, op, opts, title="kill-gpu-procs", json_mode=json_mode)
 

@@ -93,6 +93,7 @@ class DeployOptions(Common):
     json: bool = False
     rolling: Optional[int] = None    # batches of N hosts (tasks/fleet/rolling.py); None: the profile's
     smoke: bool = False              # ready also means: one 1-token completion answered
+    no_restore: bool = False         # a failed new release leaves the stopped one stopped
 
     @staticmethod
     def convert(flags):
@@ -119,12 +120,21 @@ class StatusOptions(Common):
 @dataclasses.dataclass(frozen=True)
 class StopOptions(Common):
     grace: float = 30.0
+    json: bool = False
 
     @staticmethod
     def convert(flags):
         grace = seconds("grace", flags.get("grace"))
         flags["grace"] = 30.0 if grace is None else grace
         return flags
+
+
+def release_stamp(flags):
+    """--release: a stamp as `fab releases` lists them (nothing that leaves releases/)."""
+    release = flags.get("release")
+    if release is not None and (not RELEASE_NAME.match(str(release)) or release in (".", "..")):
+        raise UsageError(f"--release expects a release stamp such as 20250101T120000Z "
+                         f"(see `fab releases`), got {release!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,10 +160,7 @@ class TailLogOptions(Common):
             except re.error as e:
                 raise UsageError(f"--grep {grep!r} is not a valid regular expression: {e}") from None
         flags["grep"] = grep
-        release = flags.get("release")
-        if release is not None and (not RELEASE_NAME.match(str(release)) or release in (".", "..")):
-            raise UsageError(f"--release expects a release stamp such as 20250101T120000Z "
-                             f"(see `fab releases`), got {release!r}")
+        release_stamp(flags)
         return flags
 
     @property
@@ -183,10 +190,12 @@ class RollbackOptions(Common):
     timeout: Optional[float] = None
     no_wait: bool = False
     json: bool = False
+    release: Optional[str] = None    # this release rather than the one before `current`
 
     @staticmethod
     def convert(flags):
         flags["timeout"] = seconds("timeout", flags.get("timeout"))
+        release_stamp(flags)
         return flags
 
 

@@ -80,6 +80,7 @@ class Reporter:
         self._lock = threading.Lock()
         self._progress_shown = False
         self._last_plain = {}
+        self._json_hosts = set()  # hosts whose --json object is out (tasks/fleet/fanout.py)
 
     def _prefix(self, host):
         return f"[{host}] " if host else ""
@@ -120,8 +121,14 @@ class Reporter:
                 self.stream.write(f"{self._prefix(host)}{text}\n")
                 self.stream.flush()
 
+    def emitted(self, host):
+        """Whether `host`'s --json object was printed."""
+        return host in self._json_hosts
+
     def emit_json(self, obj):
         with self._lock:
+            if isinstance(obj, dict) and "host" in obj:
+                self._json_hosts.add(obj["host"])
             self._clear_progress()
             sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
             sys.stdout.flush()

@@ -24,10 +24,10 @@ deploy leaves start-failed.json in its release), are skipped.
 import datetime
 import os
 from dataclasses import replace
-import signal
 import tempfile
 
 from .errors import OperationFailed
+from .hostside.common import exit_words
 from . import output
 from .fleet.fanout import HostResult
 
@@ -41,14 +41,7 @@ def describe_end(rec):
         return f"failed to start ({failed['rule']})" if failed.get("rule") else "failed to start"
     ex = rec.get("exit")
     if ex and ex.get("returncode") is not None:
-        rc = int(ex["returncode"])
-        if rc < 0:
-            try:
-                how = f"killed by {signal.Signals(-rc).name}"
-            except ValueError:
-                how = f"killed by signal {-rc}"
-        else:
-            how = f"exited {rc}"
+        how = exit_words(int(ex["returncode"]))
         if ex.get("stopped"):  # on purpose: however it exited, it did not fail
             return f"stopped by {ex['stopped'].get('by') or 'a stop'}: {how}"
         return how
@@ -96,6 +89,8 @@ def rows(listing):
             "ready_s": (r.get("startup") or {}).get("ready_s"),
             "startup": (r.get("startup") or {}).get("phases"),
             "compile_cache": (r.get("startup") or {}).get("compile_cache"),
+            # a release that did not start: why (hostside/launch.py, tasks/steps/wait.py)
+            "failed": r.get("start_failed"),
         })
     return out
 
@@ -168,15 +163,14 @@ def releases(c, opts):
 
     def op(host, reporter):
         host.start()
-        if keep is not None:
-            take_lock(host, ddir, "releases --keep")
+        if keep is not None and not take_lock(host, ddir, "releases --keep", create=False).get("absent"):
             pruned = host.call("prune", deploy_dir=ddir, keep=keep)["pruned"]
             reporter.line(host.name, f"pruned {len(pruned)} release(s)"
                                      + (f": {', '.join(pruned)}" if pruned else ""))
         listing = host.call("release_list", deploy_dir=ddir)
         records = rows(listing)
         if json_mode:
-            reporter.emit_json({"host": host.name, "deploy_dir": listing["deploy_dir"],
+            reporter.emit_json({"host": host.name, "ok": True, "deploy_dir": listing["deploy_dir"],
                                 "current": listing["current"], "releases": records})
         elif records:
             reporter.lines(host.name, table_lines(records))
@@ -186,24 +180,38 @@ def releases(c, opts):
     run_task(c, profile, op, opts, title="releases", json_mode=json_mode)
 
 
-def rollback_host(host, profile, opts, reporter, to=None):
+def rollback_host(host, profile, opts, reporter, to=None, spot=None, spots=None):
     """Relaunch the release before `current` (or `to`: a rolling deploy names the one that
-    ran before it, which differs when a failed release lies in between)."""
+    ran before it, which differs when a failed release lies in between; `fab rollback
+    --release`). A release that did not start is never relaunched. `spot`/`spots`
+    (tasks/interrupts.py): where a Ctrl-C leaves this host."""
+    from .interrupts import Spot, changing
+    from .failures.failed_server import raise_launch_failed
     from .steps.stop import stop_deployment
     from .steps.lock import take_lock
     from .steps.preflight import deploy_dir
-    from .steps.gpu_memory import profile_devices
     from .steps.wait import wait_or_clean_up
     name, ddir = host.name, deploy_dir(profile)
+    if spot is None:
+        spot = Spot()
+    if spots is not None:
+        spots[name] = spot
     hello = host.start()
-    take_lock(host, ddir, "rollback")
+    take_lock(host, ddir, "rollback", create=False)  # nothing deployed: the listing says so
     listing = host.call("release_list", deploy_dir=ddir)
     current = listing["current"]
+    running = [r["release"] for r in listing["releases"] if r.get("running")]
+    spot.old = running[0] if running else None
     if current is None:
         raise OperationFailed(f"nothing deployed in {ddir}: no release to roll back from")
     prev = to or previous_release(listing["releases"], current)
-    if to is not None and to not in [r["release"] for r in listing["releases"]]:
+    by_name = {r["release"]: r for r in listing["releases"]}
+    if to is not None and to not in by_name:
         raise OperationFailed(f"release {to} is no longer kept in {ddir}; nothing was changed")
+    if to is not None and by_name[to].get("start_failed"):
+        failed = by_name[to]["start_failed"]
+        raise OperationFailed(f"release {to} did not start ({failed.get('rule')}: {failed.get('cause')}); "
+                              "it is never relaunched; nothing was changed")
     if prev is None:
         ran = [r["release"] for r in listing["releases"]]
         raise OperationFailed(f"no release before {current} to roll back to in {ddir} "
@@ -215,15 +223,21 @@ def rollback_host(host, profile, opts, reporter, to=None):
                             f"from {profile.path.name}")
     # Hints such as `fab stop --profile ...` must name the user's file, not a temporary copy.
     old = replace(old, path=profile.path)
+    spot.new = prev
     reporter.line(name, f"rolling back from {current} to {prev}")
-    stop_deployment(host, ddir, reporter, by="fab rollback")
+    stop_deployment(host, ddir, reporter, by="fab rollback", spot=spot)
     # The old release's gpu-baseline.json is from its first launch: take today's, so
     # `fab stop` waits for what the GPUs hold now without this server.
-    host.call("gpu_baseline", deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,
-              devices=profile_devices(old), timeout=60)
-    launched = host.call("relaunch", deploy_dir=ddir, release=prev,
-                         python=old.server.interpreter)
-    server = launched["server"]
+    with changing(), raise_launch_failed(prev):
+        spot.step = "launching"
+        launched = host.batch([
+            ("gpu_baseline", dict(deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,
+                                  devices=old.devices)),
+            ("relaunch", dict(deploy_dir=ddir, release=prev, python=old.server.interpreter)),
+            ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),  # `fab stop` may end the wait
+        ], timeout=120)[1]
+        server = launched["server"]
+        spot.step, spot.pid = "launched", server["pid"]
     reporter.line(name, f"relaunched release {prev}: pid {server['pid']}, "
                         f"log {listing['deploy_dir']}/releases/{prev}/server.log")
     result = HostResult(name, 0, f"relaunched {prev} (pid {server['pid']})",
@@ -249,6 +263,11 @@ def rollback(c, opts):
     """Body of `fab rollback` (opts: tasks.options.RollbackOptions)."""
     from .failures.failed_server import reporting_json
     from .fleet.runner import load, run_task
+    from .interrupts import left_lines
+    from .output import fab_hint
     profile = load(c, opts.profile)
-    op = reporting_json(lambda h, r: rollback_host(h, profile, opts, r), opts.json)
-    run_task(c, profile, op, opts, title="rollback", json_mode=opts.json)
+    spots = {}
+    op = reporting_json(lambda h, r: rollback_host(h, profile, opts, r, to=opts.release, spots=spots),
+                        opts.json)
+    run_task(c, profile, op, opts, title="rollback", json_mode=opts.json,
+             on_interrupt=lambda: left_lines(spots, lambda t: fab_hint(profile, t)))

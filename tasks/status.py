@@ -3,7 +3,7 @@
     fab status [--json]
 
 `gather(host, profile)` asks the host (state, GPUs, one poll, /metrics) and returns a
-`Status`: the JSON record DESIGN.md fixes (`host, running, pid, release, port, health,
+`Status`: the JSON record of `fab status --json` (docs/reference/cli.md) (`host, running, pid, release, port, health,
 served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
 `cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
 `ready_s`, as its deploy recorded them; from /metrics also `requests_running,
@@ -16,6 +16,7 @@ import datetime
 from dataclasses import dataclass, field
 
 from .errors import ExitCode
+from .hostside.common import exit_words
 from .fleet.fanout import HostResult
 from .output import Block, indented
 
@@ -57,7 +58,6 @@ def duration(seconds):
 
 def gather(host, profile, ddir):
     """Everything `fab status` reports about one host, as a Status."""
-    from .steps.gpu_memory import profile_devices
     host.start()
     st = host.call("state", deploy_dir=ddir)
     server = st.get("server") or {}
@@ -68,12 +68,13 @@ def gather(host, profile, ddir):
               "generation_tokens_per_s": None,
               "requests_running": None, "requests_waiting": None, "kv_cache_usage": None,
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
+              "state": "running" if alive else "not-deployed", "last_failed": st.get("failed"),
               "deployed": bool(server)}
     started = st.get("startup") or {}  # the release's start, as deploy recorded it
     record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
                   ready_s=started.get("ready_s"))
     out = Status(record)
-    gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile_devices(profile))
+    gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
                       for g in (gpus["gpus"] or [])] or None
     if alive:
@@ -102,12 +103,25 @@ def gather(host, profile, ddir):
     from .steps import supervision
     record["supervisor"] = supervision.record(st.get("supervisor"))
     out.supervisor_lines = supervision.lines(record["supervisor"], (st.get("supervisor") or {}).get("reason"))
-    if server and not alive:
+    failed = st.get("failed")
+    if failed and not alive and (not server or failed["release"] >= server.get("release", "")):
+        # the last deploy did not start (its release says why: hostside/launch.py, steps/wait.py)
+        record.update(state="failed", release=failed["release"], deployed=True,
+                      fatal={k: failed.get(k) for k in ("rule", "line", "cause", "fix")})
+        if server.get("release") == failed["release"]:
+            record["exit"] = st.get("exit") or None
+        else:  # it never ran: server.json still names the release before it
+            record.update(pid=None, startup=None, compile_cache=None, ready_s=None)
+        out.why, out.fix = failed.get("cause"), failed.get("fix")
+        out.source = f"failure rule {failed.get('rule')}, recorded in release {failed['release']}"
+    elif server and not alive:
         record["exit"] = st.get("exit") or None
+        record["state"] = "stopped" if (record["exit"] or {}).get("stopped") else "exited"
         from .failures.failed_server import explain_dead
         ex = explain_dead(host, profile, ddir, server, record["exit"])
         if ex:  # why it died: an engine crash can exit 0, so the log says more than the code
             record["fatal"] = ex.as_json()
+            record["state"] = "failed"
             out.why, out.fix, out.source = ex.cause, ex.fix, ex.source_text()
         if record["supervisor"]["state"] == "gave-up":  # the crash loop first, then its line
             out.why = supervision.gave_up_why(record["supervisor"], st["supervisor"].get("reason"))
@@ -117,14 +131,21 @@ def gather(host, profile, ddir):
 def render(status):
     """The human lines of one host's status."""
     r = status.record
+    failed = r.get("last_failed")
     if r["running"]:
         lines = [f"running: release {r['release']}, pid {r['pid']}, up {duration(r['uptime_s'])}, "
                  f"port {r['port']}, health {r['health']}, model {r['served_name']}"]
+        if failed and failed["release"] > (r["release"] or ""):  # put back after a failed deploy
+            lines.append(Block(f"last deploy failed: release {failed['release']}: {failed.get('cause')}; "
+                               f"release {r['release']} runs instead", (("fix", failed.get("fix")),), indent=2))
+    elif r.get("state") == "failed" and failed and r["release"] == failed["release"]:
+        lines = [Block(f"last deploy failed: {status.why}",
+                       (("release", failed["release"]), ("fix", status.fix), ("source", status.source)))]
     elif r["deployed"]:
         ex = r["exit"] or {}
-        how = f"exited with status {ex['returncode']} at {ex['ended_at']}" if ex else "not running"
+        how = f"{exit_words(ex['returncode'])} at {ex['ended_at']}" if ex else "not running"
         if ex.get("stopped"):  # on purpose (tasks/hostside/common.py STOP_FILE): not a failure
-            how = f"was stopped by {ex['stopped'].get('by')} at {ex['ended_at']} (exit status {ex['returncode']})"
+            how = f"was stopped by {ex['stopped'].get('by')} at {ex['ended_at']} ({exit_words(ex['returncode'])})"
         between = (r.get("supervisor") or {}).get("state")
         if between in ("backoff", "waiting-for-gpu"):
             how = f"is down; the supervisor restarts it ({between})"
@@ -143,7 +164,11 @@ def render(status):
 
 
 def json_record(status):
-    return {k: v for k, v in status.record.items() if k != "deployed"}
+    """The --json object: `host`, then `ok` (exit 0: running and healthy), then the record."""
+    out = {"host": status.record["host"], "ok": status.healthy}
+    out.update((k, v) for k, v in status.record.items() if k != "deployed")
+    return out
+
 
 
 def verdict(status):

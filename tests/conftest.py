@@ -59,7 +59,10 @@ def pytest_collection_modifyitems(config, items):
                 and "real_engine" not in item.keywords):
             item.add_marker(pytest.mark.real_engine)
         folder = item.path.parent.name
-        if item.path.parent.parent.name == "tests" and not FOLDERS.get(folder, lambda kw: False)(item.keywords):
+        # markers, not item.keywords: keywords also hold the names of the folders above the test,
+        # so a checkout in a directory named gpu or real would misplace every test
+        marks = {m.name for m in item.iter_markers()}
+        if item.path.parent.parent.name == "tests" and not FOLDERS.get(folder, lambda kw: False)(marks):
             misplaced.append(item.nodeid)
     if misplaced:
         raise pytest.UsageError("tests in the wrong folder for what they need (tests/README.md): "

@@ -98,7 +98,7 @@ def prefix_hit_rate(after, before=None):
 
 
 def with_verdict(lines, text):
-    """The metric lines with the spec line ending in the verdict (DESIGN.md), wrapped."""
+    """The metric lines with the spec line ending in the verdict (docs/doctor.md), wrapped."""
     return [Block(f"{line}; {text}") if line.startswith("speculative decoding:") else line
             for line in lines]
 

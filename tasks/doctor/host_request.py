@@ -25,11 +25,11 @@ def _hub_only(profile):
     spec = profile.server.flags.speculative
     if profile.server.engine != "vllm" or spec is None or spec.method is None:
         return None
-    k = spec.num_speculative_tokens
+    k = spec.tokens
     return {"engine": "vllm", "method": spec.method.lower(), "draft": None, "target": None,
             "keys": {"method": spec.key_of("method"), "draft": spec.key_of("model")},
             "spec_tokens": {"value": k, "key": spec.key_of("num_speculative_tokens"), "over": 0}
-            if isinstance(k, int) and not isinstance(k, bool) else None}
+            if k is not None else None}
 
 
 def doctor_request(profile: Profile):
@@ -37,11 +37,8 @@ def doctor_request(profile: Profile):
     m = models_request(profile) or _hub_only(profile)
     if not m or not m.get("method"):
         return None
-    env = dict(profile.server.env)
-    v2 = env.get("VLLM_USE_V2_MODEL_RUNNER")
-    v2 = getattr(v2, "value", v2)
-    if isinstance(v2, str):
-        v2 = {"true": "1", "false": "0"}.get(v2.strip().lower(), v2.strip())
+    v2 = profile.server.environ.v2_runner if profile.server.engine == "vllm" else None
+    v2 = None if v2 is None else "1" if v2 else "0"  # the host's doctor reads it as vLLM's text
     check = getattr(profile, "check", None)
     return {
         "engine": m["engine"], "method": m["method"],

@@ -1,6 +1,6 @@
 """The live verdict on speculative acceptance: `healthy`, `low` or `broken`. Pure.
 
-DESIGN.md fixes the thresholds:
+The thresholds (docs/doctor.md):
   - no verdict (None) until MIN_DRAFTS drafts were seen in the window;
   - `broken`: a model-based drafter (dflash, eagle, eagle3, mtp, draft_model) whose
     position-0 acceptance is below 0.3, or whose mean acceptance length is below 1.3 with

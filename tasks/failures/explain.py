@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .template_values import VALUES
+from ..hostside.common import exit_words
 from .rules import BY_ID, EXITED
 
 
@@ -107,21 +108,19 @@ def exit_cause(values, readings):
             return (f"killed by {name} from the kernel's OOM killer (the host ran out of RAM): {oom}",
                     "give the host more RAM or swap, or make the server hold less host memory "
                     "(e.g. a smaller `swap-space` / `cpu-offload-gb`, fewer API server processes)")
-        return (f"killed by {name} (no error line; not by llmfab)",
+        return (f"{exit_words(code)} (no error line; not by llmfab)",
                 "find who sent it: another user or tool, a cgroup/container memory limit, or the "
                 "kernel's OOM killer (`dmesg` on the host); relaunch with `fab deploy`")
     if code == 0:
         return ("exited with status 0 before it was ready (an engine crash can exit 0)",
                 f"read its last lines below; `{tail}` shows the whole log")
-    return (f"exited with status {code} and no error line",
+    return (f"{exit_words(code)} and no error line",
             f"read its last lines below; `{tail}` shows the whole log")
 
 
 def _signal_name(num):
-    try:
-        return signal.Signals(num).name
-    except ValueError:
-        return f"signal {num}"
+    from ..hostside.common import signal_name
+    return signal_name(num)
 
 
 def rule_ids():

@@ -22,6 +22,36 @@ class ServerFailed(OperationFailed):
         self.explanation = explanation
         self.fatal = explanation.as_json()
         self.server = server or {}
+        self.json_extra = {"release": self.server.get("release"), "pid": self.server.get("pid"),
+                           "fatal": self.fatal}
+
+
+def launch_failed(error, release):
+    """The ServerFailed of a launch the host refused (AgentError kind launch_failed: exec
+    failed, launch.py died): the host recorded it in the release already (start-failed.json);
+    this is the same cause and fix, said here as every failed start is."""
+    from .explain import Explanation
+    d = error.data or {}
+    lines = [d["line"]] if d.get("line") and d["line"] != error.message else []
+    ex = Explanation(d.get("rule") or "launcher-failed", d.get("line"), error.message,
+                     d.get("fix") or "see the release's launch.py", lines)
+    return ServerFailed(ex, {"release": release})
+
+
+def raise_launch_failed(release):
+    """A context manager: an AgentError of kind launch_failed inside becomes launch_failed()."""
+    import contextlib
+    from ..transport.agent import AgentError
+
+    @contextlib.contextmanager
+    def guard():
+        try:
+            yield
+        except AgentError as e:
+            if e.kind != "launch_failed":
+                raise
+            raise launch_failed(e, release) from None
+    return guard()
 
 
 def host_readings(host, profile, server, exit=None):
@@ -73,11 +103,13 @@ def explain_dead(host, profile, ddir, server, exit=None, lines=400):
 
 
 def failed_record(name, error):
-    """The --json host object of a deploy or rollback that failed: why, with `fatal`."""
-    server = getattr(error, "server", None) or {}
-    return {"host": name, "ok": False, "error": error.message.splitlines()[0],
-            "release": server.get("release"), "pid": server.get("pid"),
-            "fatal": getattr(error, "fatal", None)}
+    """The --json host object of a deploy or rollback that failed: why, with `fatal` (null
+    when no server failed: unreachable, a failed preflight with its findings, a lock held)."""
+    from ..fleet.fanout import error_record
+    rec = error_record(name, error)
+    for key in ("release", "pid", "fatal"):
+        rec.setdefault(key, None)
+    return rec
 
 
 def reporting_json(op, json_mode):

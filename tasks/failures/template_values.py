@@ -185,16 +185,7 @@ def cuda_index(v, r):
     """The host's GPU index of `cuda:N` (N counts the GPUs CUDA_VISIBLE_DEVICES selects)."""
     m = re.match(r"cuda:(\d+)$", v.get("device") or "cuda:0")
     n = int(m.group(1)) if m else 0
-    server = getattr(r.profile, "server", None)
-    cvd = dict(getattr(server, "env", ())).get("CUDA_VISIBLE_DEVICES")
-    if isinstance(cvd, str):
-        ids = [t.strip() for t in cvd.split(",") if t.strip()]
-        if n < len(ids) and ids[n].isdigit():
-            return int(ids[n])
-    devices = getattr(getattr(r.profile, "gpu", None), "devices", None)
-    if devices and n < len(devices):
-        return devices[n]
-    return n
+    return r.profile.host_gpu(n) if hasattr(r.profile, "host_gpu") else n
 
 
 def _holders(v, r):

@@ -20,7 +20,7 @@ class FanoutExecutor(Executor):
 
 
 def exit_2_on_bad_arguments(program=None, *, binary="fab"):
-    """Make the program exit 2 (bad input) on unknown flags and bad flag values, as DESIGN.md says.
+    """Make the program exit 2 (bad input) on unknown flags and bad flag values, as docs/reference/cli.md says.
 
     Invoke turns a ParseError into exit 1 and lets a failed int() cast escape as a
     traceback. Task arguments are parsed after the fabfile is imported, so wrapping
@@ -43,6 +43,22 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab"):
             return original()
         except (ParseError, ValueError) as e:
             raise Exit(f"error: {e} (see `{binary} --help TASK`)", code=2) from None
+        except KeyboardInterrupt:
+            raise Exit(INTERRUPTED_EARLY, code=130) from None
+
+    execute = program.execute
+
+    def execute_130():
+        # Invoke turns a KeyboardInterrupt into exit 1; a task's own Ctrl-C is 130 (tasks/cli.py
+        # _boundary, tasks/interrupts.py), and so is one between parsing and the task body.
+        try:
+            return execute()
+        except KeyboardInterrupt:
+            raise Exit(INTERRUPTED_EARLY, code=130) from None
 
     program.parse_tasks = parse_tasks
+    program.execute = execute_130
     program._llmfab_wrapped = True
+
+
+INTERRUPTED_EARLY = "interrupted (Ctrl-C): nothing was done on any host"

@@ -53,13 +53,6 @@ def node_env(profile: Profile):
     return {k: (v.value if isinstance(v, Secret) else v) for k, v in profile.server.env}
 
 
-def gpus_per_node(profile: Profile):
-    if profile.gpu.devices is not None:
-        return len(profile.gpu.devices)
-    visible = profile.plain_env().get("CUDA_VISIBLE_DEVICES")
-    return None if visible is None else len([d for d in visible.split(",") if d.strip()])
-
-
 def server_profile(profile: Profile, head_ip):
     """The profile the head's server launches with: VLLM_HOST_IP and RAY_ADDRESS added."""
     env = [(k, v) for k, v in profile.server.env if k != "VLLM_HOST_IP"]
@@ -109,7 +102,7 @@ def bring_up(head, profile: Profile, reporter, *, ddir, head_ip):
     c = profile.cluster
     t0 = time.monotonic()
     address = f"{c.head_address or head_ip}:{c.ray_port}"
-    common = dict(deploy_dir=ddir, env=node_env(profile), num_gpus=gpus_per_node(profile),
+    common = dict(deploy_dir=ddir, env=node_env(profile), num_gpus=profile.gpu_count,
                   nvidia_smi=profile.gpu.nvidia_smi, wait=RAY_START_WAIT_S, timeout=RAY_START_WAIT_S + 30)
     stale = {w: threading.Event() for w in c.workers}
     head_up, shared = threading.Event(), {"failed": [], "head": None}

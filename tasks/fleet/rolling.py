@@ -232,9 +232,9 @@ def deploy_rolling(c, profile, opts, size, *, deploy_one, rollback_one, on_inter
                                     parallel=min(opts.parallel, size), json_mode=opts.json,
                                     label=label)
     except KeyboardInterrupt:  # the second Ctrl-C: leave now, as `fab deploy` does
-        for host, text in on_interrupt():
-            reporter.line(host, text)
         reporter.line("", INTERRUPT_NOTE)
+        for host, text in on_interrupt():  # the last lines: where each host is
+            reporter.line(host, text)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(ExitCode.INTERRUPTED)  # worker threads cannot be interrupted; sockets close with us

@@ -11,16 +11,18 @@ import sys
 
 from ..errors import ExitCode, Interrupted, TaskFailed
 
-INTERRUPT_NOTE = ("interrupted: nothing on the host(s) was stopped; servers already launched keep "
-                  "running (see `fab status`, stop them with `fab stop`)")
+INTERRUPT_NOTE = "interrupted (Ctrl-C): nothing more was done on any host"
 
 
-def load(c, profile_arg):
-    """The validated profile; ProfileError (exit 2) naming the file and key."""
+def load(c, profile_arg, *, launching=False):
+    """The validated profile; ProfileError (exit 2) naming the file and key. Secrets
+    (`from_env`) are read only for a task `launching` a new release (deploy, tune): every
+    other task works without them (stop, status, releases, rollback: the release has its
+    own secrets.json)."""
     from ..profile import load_profile, resolve_profile_path
     cfg = c.config.get("llmfab") or {}
     path = resolve_profile_path(profile_arg, cfg.get("profile") if hasattr(cfg, "get") else None)
-    return load_profile(path)
+    return load_profile(path, need_secrets=launching)
 
 
 def hosts_for(c, profile):
@@ -46,33 +48,54 @@ def host_kwargs(c, profile, opts, python=None):
 def run_hosts(c, profile, op, opts, reporter, *, hosts, python=None, on_interrupt=None):
     """Run op(host, reporter) -> HostResult on every host; [HostResult] in host order.
 
-    Ctrl-C: `on_interrupt()` gives [(host, line)] printed before the general note (e.g. which
-    release keeps running where), then Interrupted (exit 130)."""
+    Ctrl-C (tasks/interrupts.py): a host being changed (a stop, a launch) finishes that step
+    first; then the general note, then `on_interrupt()`'s [(host, line)] (where each host was
+    left, and how to restore it) as the last lines, then Interrupted (exit 130)."""
+    import signal
+    import threading
     from .fanout import run_all
+    from ..interrupts import CTRL_C
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, CTRL_C.handler) if main else None
     try:
         return run_all(hosts, lambda h: op(h, reporter), parallel=opts.parallel,
                        reporter=reporter, host_kwargs=host_kwargs(c, profile, opts, python))
     except KeyboardInterrupt:
+        CTRL_C.settle(_wait_until)
+        reporter.line("", INTERRUPT_NOTE)
         for host, text in (on_interrupt() if on_interrupt else ()):
             reporter.line(host, text)
-        reporter.line("", INTERRUPT_NOTE)
         if len(hosts) > 1:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(ExitCode.INTERRUPTED)  # worker threads cannot be interrupted; sockets close with us
         raise Interrupted() from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _wait_until(done, timeout=120.0):
+    """Poll `done()` every 50 ms for at most `timeout` s (a host's step in flight: a stop's
+    grace, a launch)."""
+    import time
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def run_task(c, profile, op, opts, *, title, hosts=None, json_mode=False, python=None,
              on_interrupt=None):
     """run_hosts, then the summary table; exit with the worst host's code."""
-    from .fanout import summarize, worst
+    from .fanout import emit_missing, summarize, worst
     from ..output import Reporter
 
     hosts = hosts or hosts_for(c, profile)
     reporter = Reporter(hosts, json_mode=json_mode)
     results = run_hosts(c, profile, op, opts, reporter, hosts=hosts, python=python,
                         on_interrupt=on_interrupt)
+    if json_mode:
+        emit_missing(reporter, results)
     summarize(reporter, results, title)
     code = worst(r.code for r in results)
     if code:

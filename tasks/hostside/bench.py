@@ -6,7 +6,9 @@ Ops:
            happens on the laptop with prometheus_client's parser, not here.
   bench    loads the server from the host itself through its OpenAI API (127.0.0.1:port),
            so no port needs to be open to the laptop: one warm-up request (not measured),
-           then `requests` streamed requests, `concurrency` at a time. It snapshots
+           then `requests` streamed requests, `concurrency` at a time (or, with
+           `request_rate`, each started at its arrival time of a seeded Poisson process:
+           an open loop, as `fab tune --load rate` measures). It snapshots
            /metrics right before and right after the measured window and returns raw
            per-request samples; every statistic is computed on the laptop.
 
@@ -210,6 +212,24 @@ def random_prompts(model_dir, count, length, seed):
             for _ in range(count)]
 
 
+def open_loop(n, rate, seed, send):
+    """Start request i at its arrival time, arrivals a seeded Poisson process of `rate`
+    requests/s (exponential gaps, as `vllm bench serve --request-rate` with burstiness 1),
+    whether or not earlier ones have finished; returns the threads to join."""
+    import random
+    rng = random.Random(seed)
+    threads, due = [], time.monotonic()
+    for i in range(n):
+        left = due - time.monotonic()
+        if left > 0:
+            time.sleep(left)
+        t = threading.Thread(target=send, args=(i,), daemon=True)
+        t.start()
+        threads.append(t)
+        due += rng.expovariate(rate)
+    return threads
+
+
 def op_bench(req):
     """Warm up once, then run the measured window; returns raw samples and both snapshots."""
     host, port = probe_host(req.get("host", "127.0.0.1")), req["port"]
@@ -249,10 +269,14 @@ def op_bench(req):
                 return
             samples[i] = run(i + 1)
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, n))]
+    rate = float(req.get("request_rate") or 0)
     t0 = time.monotonic()
-    for t in threads:
-        t.start()
+    if rate > 0:
+        threads = open_loop(n, rate, int(req.get("seed") or 0), lambda i: samples.__setitem__(i, run(i + 1)))
+    else:
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, n))]
+        for t in threads:
+            t.start()
     for t in threads:
         t.join()
     duration = time.monotonic() - t0

@@ -30,6 +30,26 @@ def site_packages():
     CONTEXT["site"] = True
 
 
+def signal_name(num):
+    """SIGKILL for 9; `signal 77` for a number with no name."""
+    import signal
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return "signal %d" % num
+
+
+def exit_words(returncode):
+    """How a process ended, in the one wording every llmfab message uses (status, releases,
+    explanations, the supervisor's restart marker): `exited with status 3`, `killed by SIGKILL`.
+    `returncode` as Popen gives it (negative: the signal)."""
+    if returncode is None:
+        return "ended with no exit status"
+    if returncode < 0:
+        return "killed by " + signal_name(-returncode)
+    return "exited with status %d" % returncode
+
+
 def utc_iso(t=None):
     """2026-12-01T11:00:00+00:00: datetime's isoformat(timespec="seconds") in UTC, without
     importing datetime on every agent start."""
@@ -95,14 +115,20 @@ def read_json(path, default=None):
 EXIT_FILE, STOP_FILE = "exit.json", "stopped.json"
 
 
+def read_stop(rdir, pid=None):
+    """The stop record (STOP_FILE) of the run of `pid` (default: any), or None."""
+    stop = read_json(os.path.join(rdir, STOP_FILE))
+    return stop if stop and (pid is None or stop.get("pid") in (None, pid)) else None
+
+
 def read_exit(rdir, pid=None):
     """exit.json of the release directory `rdir` (None while it runs or if it never ran), with
     `stopped` = the stop record when the run of `pid` (default: any) was stopped on purpose."""
     ex = read_json(os.path.join(rdir, EXIT_FILE))
     if ex is None:
         return None
-    stop = read_json(os.path.join(rdir, STOP_FILE))
-    if stop and (pid is None or stop.get("pid") in (None, pid)):
+    stop = read_stop(rdir, pid)
+    if stop:
         ex["stopped"] = stop
     return ex
 
@@ -181,6 +207,29 @@ def pid_alive(pid):
     """True if pid exists and is not a zombie."""
     fields = stat_fields(pid)
     return bool(fields) and fields[0] not in GONE
+
+
+# In the environment of every process a launcher starts (launch.py): which release it serves.
+MARKER = b"LLMFAB_RELEASE="
+
+
+def release_marker(ddir, release=None):
+    """The marker item's prefix for the releases under ddir (or that one release)."""
+    path = os.path.join(ddir, "releases", release) if release else os.path.join(ddir, "releases")
+    return MARKER + path.encode()
+
+
+def server_alive(ddir, server):
+    """Is server.json's process still this deployment's server? Alive, and its environment
+    carries the release's marker: after a reboot, or a long time, the kernel may have given
+    its pid to another process, which `fab stop` rightly leaves alone (procs.ours) and
+    `fab status` must not call our server either. The one reader of "is it ours" for both."""
+    pid = (server or {}).get("pid")
+    if not pid or not pid_alive(pid):
+        return False
+    want = release_marker(ddir, server.get("release"))
+    env = (proc_read(pid, "environ") or b"").split(b"\0")
+    return want in env
 
 
 def group_members(pgid):

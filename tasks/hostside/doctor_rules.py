@@ -9,7 +9,7 @@ over the facts. `rank` orders likely causes in the live verdict (lower = more li
 why acceptance is low). `ab` is the A/B recipe for rules a comparison settles.
 
 Every fact below was read in vLLM's released wheels (the file and version are in `source`
-and in the comments); DESIGN.md fixes the ids, which are never renamed once released.
+and in the comments); the ids are part of the interface (`[check] accept`, --json) and never renamed once released.
 Standard library only; Python >= 3.9 (this module also runs on the host).
 """
 from collections import namedtuple

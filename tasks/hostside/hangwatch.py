@@ -1,6 +1,6 @@
 """The supervisor's eyes: hang detection over HTTP, and the fatal line (and rule) of an attempt's log.
 
-Shipped into a supervised release with the supervisor (tasks/steps/launcher.py). Hung (DESIGN.md "Supervision"), once the
+Shipped into a supervised release with the supervisor (tasks/steps/launcher.py). Hung (docs/supervision.md), once the
 server answered /health 200: no 200 for `hang_timeout` s since the last one (a probe
 fails after min(5, hang_timeout) s), or requests running/waiting while the generated-token
 counter in /metrics stays put for `hang_timeout` s. Busy and progressing, or idle with

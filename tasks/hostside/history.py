@@ -9,7 +9,7 @@ import hashlib
 import os
 
 from . import launch, releases
-from .common import EXIT_FILE, STOP_FILE, HostError, expand, pid_alive, read_exit, read_json
+from .common import EXIT_FILE, STOP_FILE, HostError, expand, read_exit, read_json, server_alive
 from .logs import resolve
 
 PROFILE_MAX_BYTES = 1 << 20
@@ -38,7 +38,7 @@ def op_release_list(req):
     ddir = expand(req["deploy_dir"])
     current = releases.current_release(ddir)
     server = read_json(os.path.join(ddir, "server.json")) or {}
-    alive = bool(server.get("pid")) and pid_alive(server["pid"])
+    alive = server_alive(ddir, server)
     out = []
     for name in releases.releases_sorted(ddir):
         rdir = os.path.join(ddir, "releases", name)
@@ -92,7 +92,7 @@ def op_relaunch(req):
     release, log = resolve(ddir, req["release"])
     rdir = os.path.dirname(log)
     server = read_json(os.path.join(ddir, "server.json")) or {}
-    if server.get("pid") and pid_alive(server["pid"]):
+    if server_alive(ddir, server):
         raise HostError("release %s is still running (pid %s); stop it first"
                         % (server.get("release"), server["pid"]), kind="running")
     if not os.path.isfile(os.path.join(rdir, "launch.py")):

@@ -1,5 +1,10 @@
 """The deployment's lock (host side): a flock on <workdir>/<name>/.lock that dies with
 its agent, naming its holder; a stale agent of this very task may be ended.
+
+The holder's `phase` says what it does: "changing" the host (a stop, a launch: bounded), or
+"waiting" for readiness (up to [ready] timeout). `fab stop` and `fab kill-gpu-procs` are
+never refused by a deploy's lock: a holder that only waits is ended (its client learns that
+the server was stopped, tasks/steps/wait.py), one that changes the host is waited for.
 """
 import fcntl
 import json
@@ -11,20 +16,30 @@ from .common import CONTEXT, HostError, expand, utc_iso
 
 
 def op_lock(req):
-    """Take the deployment's lock (flock: dies with this agent) or report its holder."""
+    """Take the deployment's lock (flock: dies with this agent) or report its holder.
+
+    `create` False (a task that only acts on what is there: stop, rollback, releases --keep):
+    a deployment directory that does not exist is not made, and the answer says `absent`
+    (there is nothing to lock, nor to act on)."""
     ddir = expand(req["deploy_dir"])
-    os.makedirs(ddir, mode=0o700, exist_ok=True)
+    if req.get("create", True):
+        os.makedirs(ddir, mode=0o700, exist_ok=True)
+    elif not os.path.isdir(ddir):
+        return {"path": None, "absent": True}
     path = os.path.join(ddir, ".lock")
     locks = CONTEXT.setdefault("locks", {})
     if path in locks:
         return {"path": path}
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    ended = None
+    ended = preempted = None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = _holder(fd)
         ended = _end_stale_agent(fd, holder, req.get("stale_agent"))
+        if ended is None and req.get("task") in PREEMPTING:
+            ended = _preempt(fd, float(req.get("preempt_wait", PREEMPT_WAIT_S)))
+            preempted = holder if ended else None
         if ended is None:
             os.close(fd)
             raise HostError("locked", kind="lock_held", holder=holder)
@@ -34,12 +49,56 @@ def op_lock(req):
         "host": os.uname().nodename,  # what socket.gethostname() says, without importing socket
         "pid": os.getpid(),
         "task": req.get("task") or "?",
+        "phase": req.get("phase") or "changing",
         "since": utc_iso(),
     }
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
     locks[path] = fd
-    return {"path": path, "ended_stale_agent": ended}
+    return {"path": path, "ended_stale_agent": ended, "preempted": preempted}
+
+
+PREEMPTING = ("stop", "kill-gpu-procs")
+PREEMPT_WAIT_S = 120.0  # a holder changing the host (a stop's grace, a launch) is waited for
+
+
+def _preempt(fd, wait_s):
+    """For `fab stop`: take the lock from a holder that only waits for readiness (its agent is
+    ended), or once a holder that changes the host lets go. Returns the ended pid (or 0 when
+    the holder let go by itself), or None after `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return 0
+        except OSError:
+            pass
+        holder = _holder(fd)
+        if isinstance(holder, dict) and holder.get("phase") == "waiting" \
+                and holder.get("host") == os.uname().nodename:
+            ended = _end_stale_agent(fd, holder, holder.get("pid"))
+            if ended is not None:
+                return ended
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.05)
+
+
+def op_lock_phase(req):
+    """The lock holder (this agent) says what it does now: "waiting" (for readiness: a
+    `fab stop` may end it) or "changing" the host."""
+    path = os.path.join(expand(req["deploy_dir"]), ".lock")
+    fd = CONTEXT.setdefault("locks", {}).get(path)
+    if fd is None:
+        return {"held": False}
+    info = _holder(fd)
+    # only a deploy or rollback may be ended by a stop; a sweep (`fab tune`) holds the lock
+    # across many deploys and puts its hosts back itself
+    if isinstance(info, dict) and info.get("task") in ("deploy", "rollback"):
+        info["phase"] = req.get("phase") or "changing"
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+    return {"held": True}
 
 
 def _holder(fd):

@@ -17,10 +17,14 @@ OPS = {
     # deploy: lock, release, files, GPU baseline, launch
     "lock": OpInfo("lock", "op_lock", "take the deployment's lock (flock) or name its holder"),
     "unlock": OpInfo("lock", "op_unlock", "release the deployment's lock"),
+    "lock_phase": OpInfo("lock", "op_lock_phase", "say what the lock's holder does now: waiting "
+                                                  "(a stop may end it) or changing the host"),
     "preflight": OpInfo("preflight", "op_preflight", "the host's checks before a launch: Python, engine, paths, "
                                                      "models, port, GPUs"),
     "host_facts": OpInfo("preflight", "op_host_facts", "engine version and GPU names: are two hosts "
                                                        "alike (fab tune)"),
+    "engine_flags": OpInfo("enginehelp", "op_engine_flags", "the flags the engine's own --help lists "
+                                                            "(fab tune checks --vary server.args.X)"),
     "new_release": OpInfo("releases", "op_new_release", "create releases/<UTC stamp> and return its path"),
     "discard_release": OpInfo("releases", "op_discard_release", "remove a release that never launched"),
     "mark_failed": OpInfo("releases", "op_mark_failed", "record in a release that it failed to start"),

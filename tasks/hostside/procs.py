@@ -13,17 +13,15 @@ import signal
 import time
 
 from . import gpu, gpuprocs, supervision
-from .common import (STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive, pids_marked,
-                     read_json, utc_iso, write_json)
-
-MARKER = b"LLMFAB_RELEASE="
+from .common import (MARKER, STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive,
+                     pids_marked, proc_read, read_json, release_marker, utc_iso, write_json)
 KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA process
 REAPER_WAIT_S = 2.0
 
 
 def marked(ddir):
     """Live pids (seeing this filesystem) whose environment says they belong to a release under ddir."""
-    prefix = MARKER + os.path.join(ddir, "releases").encode() + b"/"
+    prefix = release_marker(ddir) + b"/"
     return pids_marked(lambda item: item.startswith(prefix))
 
 
@@ -189,10 +187,31 @@ def _signal_one(pid, start, sig):
         return "denied"
 
 
-def kill(targets, grace):
+def releases_of(pids):
+    """The release directories whose marker (LLMFAB_RELEASE) these processes carry."""
+    out = set()
+    for pid in pids:
+        for item in (proc_read(pid, "environ") or b"").split(b"\0"):
+            if item.startswith(MARKER):
+                out.add(item[len(MARKER):].decode("utf-8", "surrogateescape"))
+    return out
+
+
+def mark_killed(pids, by):
+    """Record in each llmfab release that one of `pids` serves that it is stopped on purpose
+    (`by`), as `fab stop` does: a deploy waiting for it says so, status never calls it failed."""
+    for rdir in releases_of(pids):
+        ddir = os.path.dirname(os.path.dirname(rdir))
+        server = read_json(os.path.join(ddir, "server.json")) or {}
+        if server.get("release") == os.path.basename(rdir):
+            mark_stopped(ddir, server, by)
+
+
+def kill(targets, grace, by="fab kill-gpu-procs"):
     """SIGTERM each {pid, start}, wait up to grace s, SIGKILL the rest, wait for them to go."""
     t0 = time.monotonic()
     names = {str(t["pid"]): cmdline(t["pid"]) for t in targets}
+    mark_killed([t["pid"] for t in targets], by)
     sent, gone, denied = [], [], []
     for t in targets:
         res = _signal_one(t["pid"], t.get("start"), signal.SIGTERM)

@@ -127,8 +127,8 @@ def op_mark_failed(req):
     path = os.path.join(expand(req["deploy_dir"]), "releases", req["release"])
     if not os.path.isdir(path):
         raise HostError("no release %s in %s" % (req["release"], req["deploy_dir"]), kind="no_release")
-    record = {"failed_at": utc_iso(),
-              "rule": req.get("rule"), "cause": req.get("cause")}
+    record = {"failed_at": utc_iso(), "rule": req.get("rule"), "cause": req.get("cause"),
+              "fix": req.get("fix"), "line": req.get("line")}
     write_json(os.path.join(path, FAILED_FILE), record)
     return {}
 

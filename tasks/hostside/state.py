@@ -4,8 +4,20 @@ import os
 import time
 
 from . import supervision
-from .common import expand, pid_alive, read_exit, read_json
-from .releases import current_release
+from .common import expand, read_exit, read_json, server_alive
+from .releases import FAILED_FILE, current_release, releases_sorted
+
+
+def last_failed(ddir, current):
+    """The failure record (start-failed.json) of the last deploy, with its release: of `current`
+    if it has one, else of the newest release (a failed deploy whose old release was put back),
+    else None."""
+    names = releases_sorted(ddir)
+    for name in ([current] if current else []) + names[-1:]:
+        record = read_json(os.path.join(ddir, "releases", name, FAILED_FILE))
+        if record:
+            return dict(record, release=name)
+    return None
 
 
 def op_state(req):
@@ -14,9 +26,9 @@ def op_state(req):
     server = read_json(os.path.join(ddir, "server.json"))
     current = current_release(ddir)
     out = {"deploy_dir": ddir, "exists": os.path.isdir(ddir), "server": server,
-           "current": current, "alive": False, "exit": None}
+           "current": current, "alive": False, "exit": None, "failed": last_failed(ddir, current)}
     if server:
-        out["alive"] = pid_alive(server["pid"])
+        out["alive"] = server_alive(ddir, server)
         out["exit"] = read_exit(os.path.join(ddir, "releases", server["release"]), server["pid"])
         out["now"] = time.time()
         out["supervisor"] = supervision.read(ddir, server)

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import time
 
-from .common import pids_marked, read_json, utc_iso, write_json
+from .common import exit_words, pids_marked, read_json, signal_name, utc_iso, write_json
 from .gpu import baseline_limits, gpus_over
 from .hangwatch import HangWatch, fatal_line, load_rules
 from .procs import KILL_WAIT_S, stop_own_group
@@ -31,11 +31,10 @@ TICK_S = 5.0  # longest sleep between looks when nothing happens (idle CPU stays
 
 
 def describe_end(rc):
-    """(exit, signal name, text) of a Popen returncode."""
+    """(exit, signal name, text) of a Popen returncode (text: common.exit_words)."""
     if rc is not None and rc < 0:
-        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
-        return None, name, "signal " + name
-    return rc, None, "exit status %s" % rc
+        return None, signal_name(-rc), exit_words(rc)
+    return rc, None, exit_words(rc)
 
 
 class Release:
@@ -191,7 +190,8 @@ class Supervisor:
             try:
                 proc = self.launch(log)
             except OSError as e:  # launch.py reports it and exits 1, as without supervision
-                os.write(self.report_fd, json.dumps({"error": "cannot start %r: %s" % (self.argv[0], e)}).encode())
+                os.write(self.report_fd, json.dumps({"error": "cannot start %s: %s" % (self.argv[0], e.strerror),
+                                                     "errno": e.errno, "argv0": self.argv[0]}).encode())
                 return 1
             if proc is None:
                 return self.finish(None)

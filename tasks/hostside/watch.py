@@ -21,7 +21,7 @@ import socket
 import time
 
 from . import gpu
-from .common import CONTEXT, expand, pid_alive, read_exit, read_json
+from .common import CONTEXT, expand, pid_alive, read_exit, read_json, read_stop
 from .probe import LOG_CHUNK, http_get, probe_host, read_log, served_models
 
 TICK_S = 0.05          # how often the host looks: events are seen within ~25 ms on average
@@ -162,6 +162,7 @@ def op_watch(req):
             time.sleep(TICK_S)
     state = {"alive": alive, "health": health if isinstance(health, int) else None, "models": models}
     out.update(alive=alive, exit=read_exit(rdir, pid), log=log.result(),
+               stopped=None if alive else read_stop(rdir, pid),  # by another task: not a failure
                health=health if alive else None, models=models if alive else None,
                state=state, why=why, held_s=round(time.monotonic() - t0, 3),
                at=time.time())  # the host's clock when it answered: a start's ready time

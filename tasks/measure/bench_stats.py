@@ -1,6 +1,6 @@
 """Pure arithmetic of `fab bench`: raw samples from the host -> the result record; compare.
 
-The record has exactly the fields DESIGN.md fixes (JSON Lines, one per host):
+The record has exactly the fields of `fab bench --json` (docs/reference/cli.md) (JSON Lines, one per host):
 host, requests, errors, duration_s, requests_per_s, output_tokens_per_s,
 ttft_ms {p50, p90}, itl_ms {p50, p90}, spec {acceptance_rate, mean_acceptance_length,
 per_position} or null, and tpot_ms {p50, p90} and server_ms {ttft_mean, tpot_mean} (the
@@ -22,7 +22,7 @@ from ..output import Block
 
 FIELDS = ("host", "requests", "errors", "duration_s", "requests_per_s", "output_tokens_per_s",
           "ttft_ms", "itl_ms", "spec")
-# Added after DESIGN.md's fields (a saved result without them still reads for --compare).
+# Added after the first release's fields (a saved result without them still reads for --compare).
 EXTRA_FIELDS = ("tpot_ms", "server_ms")
 # ITL p50 below this share of the server's own TPOT: the tokens reached the client in bursts.
 BURST_SHARE = 0.1

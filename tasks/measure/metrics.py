@@ -1,7 +1,7 @@
 """What a server's /metrics (and SGLang's /server_info) say: acceptance, throughput, load.
 
 Pure functions over recorded text, parsed with prometheus_client's own parser. vLLM's
-speculative-decoding counters (DOMAIN.md):
+speculative-decoding counters (vllm/v1/spec_decode/metrics.py):
 
     acceptance rate         = accepted tokens / draft tokens
     mean acceptance length  = 1 + accepted tokens / drafts   (tokens per verification step)

@@ -1,6 +1,6 @@
 """`fab bench --repeat N` and the verdict line of `--compare`: A/B that decides. Pure.
 
-With --repeat the host's result record keeps DESIGN.md's fields, each figure the median
+With --repeat the host's result record keeps the fields of `fab bench --json`, each figure the median
 of the N runs, plus `repeat: {n, runs: [...records], spread: {figure: {min, median, max}}}`.
 A difference between two saved results is "beyond the spread" when the two [min, max]
 ranges of that figure do not overlap; with single runs there is no spread to judge by,
@@ -14,6 +14,7 @@ FIGURES = (
     ("acceptance", lambda r: (r.get("spec") or {}).get("acceptance_rate"), True),
     ("mean accept len", lambda r: (r.get("spec") or {}).get("mean_acceptance_length"), True),
     ("TTFT p50 ms", lambda r: (r.get("ttft_ms") or {}).get("p50"), False),
+    ("TTFT p90 ms", lambda r: (r.get("ttft_ms") or {}).get("p90"), False),
 )
 MEDIAN_FIELDS = ("duration_s", "requests_per_s", "output_tokens_per_s")
 
@@ -24,7 +25,8 @@ def _median(values, digits=3):
 
 
 def summarize(records):
-    """One record for N runs of one host: medians in the usual fields, the runs and spread."""
+    """One record for N runs of one host: medians in the usual fields, the runs and spread.
+    `fab bench --repeat` and `fab tune` (each variant at each load) both summarize with it."""
     first = records[-1]
     out = dict(first)
     out["requests"] = sum(r["requests"] for r in records)
@@ -42,6 +44,11 @@ def summarize(records):
         spec = dict(specs[-1])  # the last window's verdict and findings stand for the set
         spec["acceptance_rate"] = _median([s.get("acceptance_rate") for s in specs], 6)
         spec["mean_acceptance_length"] = _median([s.get("mean_acceptance_length") for s in specs], 6)
+        width = max(len(s.get("per_position") or []) for s in specs)
+        if width:
+            spec["per_position"] = [_median([(s.get("per_position") or [])[i]
+                                             if i < len(s.get("per_position") or []) else None
+                                             for s in specs], 6) for i in range(width)]
         out["spec"] = spec
     spread = {}
     for name, get, _ in FIGURES:
@@ -66,6 +73,18 @@ def _range(rec, name):
     return (s["min"], s["max"]) if s else None
 
 
+def lead_pct(a, b):
+    """How much b differs from a, in percent of a (the base of every comparison here)."""
+    return abs(b - a) / abs(a) * 100.0 if a else float("inf")
+
+
+def beyond_spread(ra, rb):
+    """Whether two [min, max] ranges do not overlap (None when either is unknown)."""
+    if ra is None or rb is None:
+        return None
+    return ra[1] < rb[0] or rb[1] < ra[0]
+
+
 def verdict_line(a_label, a, b_label, b):
     """Which side is better on output tok/s and on acceptance, by how much, and whether the
     difference is beyond the spread."""
@@ -79,11 +98,11 @@ def verdict_line(a_label, a, b_label, b):
             parts.append(f"{name}: equal")
             continue
         better = (b_label, vb, va) if (vb > va) == bigger_better else (a_label, va, vb)
-        pct = (abs(vb - va) / abs(va) * 100.0) if va else float("inf")
-        ra, rb = _range(a, name), _range(b, name)
-        if ra is None or rb is None:
+        pct = lead_pct(va, vb)
+        apart = beyond_spread(_range(a, name), _range(b, name))
+        if apart is None:
             beyond = "no spread known (run each side with --repeat 3 or more)"
-        elif ra[1] < rb[0] or rb[1] < ra[0]:
+        elif apart:
             beyond = "beyond the spread"
         else:
             beyond = "within the spread: not decided"

@@ -52,10 +52,11 @@ def describe(v):
 class Checker:
     """Reads values out of the merged profile tree, raising ProfileError on anything off."""
 
-    def __init__(self, top, origins, environ):
+    def __init__(self, top, origins, environ, need_secrets=True):
         self.top = top              # the file the user named: blamed when no better file is known
         self.origins = origins      # key path -> file that wrote it
         self.environ = environ
+        self.need_secrets = need_secrets  # False: an unset secret is kept unread (load.py)
 
     def file_of(self, path):
         for n in range(len(path), 0, -1):

@@ -37,16 +37,19 @@ VALUE_TABLES = (("server", "args"), ("server", "env"))
 PROFILE_HINT = "pass --profile PATH, or set llmfab.profile in your Invoke/Fabric config"
 
 
-def load_profile(path, *, environ=os.environ):
+def load_profile(path, *, environ=os.environ, need_secrets=True):
     """Read, merge, validate: `path` (str or Path) -> Profile.
 
     `environ` supplies the values of `{ from_env = "NAME" }` secrets (default: os.environ).
+    Only a task that launches a new release needs their values (`need_secrets`); for any
+    other an unset one is kept as a Secret with no value (its `missing` message says what a
+    launch would refuse), so the on-call person without the key can still stop the server.
     Raises ProfileError for anything wrong; never another exception for bad input.
     """
     top = os.fspath(path)
     try:
         data, origins, chain = _load_tree(top, ())
-        ck = Checker(top, origins, environ)
+        ck = Checker(top, origins, environ, need_secrets)
         target, server, ready, gpu, cluster = build(ck, data, Path(top).stem)
         check = read_check(ck, data)  # [check] accept (tasks/profile/checktable.py)
         supervision = supervise(ck, data)

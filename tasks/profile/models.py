@@ -70,7 +70,7 @@ def models_request(profile: Profile):
                 low = spec.model.lower()
                 method = ("eagle" if "eagle-" in low else "eagle3" if "eagle3" in low
                           else "dflash" if "dflash" in low else None)
-            n = _int(spec.num_speculative_tokens)
+            n = spec.tokens
             if n is not None:
                 spec_tokens = {"value": n, "key": spec.key_of("num_speculative_tokens"), "over": 0}
     else:
@@ -89,13 +89,10 @@ def models_request(profile: Profile):
         return None
     ctx, tp = args.value(*CONTEXT_FLAGS[s.engine]), args.value(*TP_FLAGS[s.engine])
     cname, tname = args.key(*CONTEXT_FLAGS[s.engine]), args.key(*TP_FLAGS[s.engine])
-    env = dict(s.env)
-    v2 = env.get("VLLM_USE_V2_MODEL_RUNNER")
-    v2 = getattr(v2, "value", v2)  # a Secret carries its value; plain env is a str
     return dict(
         engine=s.engine, target=target, draft=draft, method=method, keys=keys,
         spec_tokens=spec_tokens,
         max_model_len={"value": _length(ctx), "key": cname} if _length(ctx) else None,
         tp={"value": _int(tp), "key": tname} if _int(tp) else None,
-        v2_runner=v2 == "1",
+        v2_runner=s.engine == "vllm" and bool(s.environ.v2_runner),
     )

@@ -8,6 +8,7 @@ import re
 
 from .types import ENGINES, RESTART_POLICIES, Cluster, Gpu, Ready, Server, Supervise, Target
 from .args import read_args, read_env
+from .serverenv import VLLM_INT_FLAGS, vllm_flag
 from .check import REQUIRED, no_nul_or_dates
 from .keys import Key, table
 
@@ -216,12 +217,26 @@ def _server(ck, s):
     env = ck.get(s, p, "env", lambda c, v, q: read_env(c, v, q), ())
     server = Server(engine=engine, python=python, model=model, host=host, port=port,
                     command=command, args=args, env=env, files=files)
+    if engine == "vllm":
+        _vllm_int_flags(ck, p + ("env",), env)
     flag = server.flags.get("port")
     if engine != "command" and flag is not None and flag.value != port:
         # Readiness polls server.port; a different --port in args would wait on the wrong port.
         ck.fail(p + ("args", flag.key), f"the same port as server.port ({port}); "
                                         "set the port in [server] instead", flag.value)
     return server
+
+
+def _vllm_int_flags(ck, path, env):
+    for name, value in env:
+        if name in VLLM_INT_FLAGS:
+            text = getattr(value, "value", value)
+            try:
+                vllm_flag(text)
+            except ValueError:
+                ck.fail(path + (name,), '"1" (or true) for on, "0" (or false) for off: vLLM reads '
+                        f"{name} with int() (vllm/envs.py) and would stop with ValueError",
+                        text if value is text else "a secret")
 
 
 def _engine(ck, v, path):

@@ -25,6 +25,30 @@ def flag_key(name):
     return name.replace("_", "-")
 
 
+# Every [server.args] flag that turns speculative decoding on or shapes it, by normalised name
+# (flag_key), with where each comes from. `fab tune --baseline` removes them all: a baseline
+# with any of them left still speculates.
+SPECULATIVE_FLAG_PREFIXES = (
+    # vLLM --speculative-config (and its dotted form speculative-config.KEY); SGLang
+    # --speculative-algorithm, --speculative-draft-model-path, --speculative-num-steps,
+    # --speculative-eagle-topk, --speculative-num-draft-tokens (sglang/srt/server_args.py);
+    # vLLM 0.32's shortcuts --spec-method, --spec-model, --spec-tokens (vllm/engine/arg_utils.py)
+    # and any abbreviation of these, which vLLM's argparse accepts (allow_abbrev).
+    "spec",
+)
+SPECULATIVE_FLAG_NAMES = (
+    "sc",                      # vLLM's alias of --speculative-config (vllm/engine/arg_utils.py)
+    "num-speculative-tokens",  # vLLM before --speculative-config (0.7 and older)
+    "ngram-prompt-lookup-max", "ngram-prompt-lookup-min",  # the same, for ngram drafting
+)
+
+
+def is_speculative_flag(name):
+    """True when the [server.args] key `name` (any spelling, dotted or not) is a speculative flag."""
+    norm = flag_key(name).split(".")[0]
+    return norm.startswith(SPECULATIVE_FLAG_PREFIXES) or norm in SPECULATIVE_FLAG_NAMES
+
+
 @dataclass(frozen=True)
 class JsonTable:
     """A table-valued flag (e.g. speculative-config), rendered as ONE argv element of compact JSON.
@@ -60,12 +84,39 @@ class SpecConfig:
     key: str                           # the profile key: "server.args.speculative-config"
     method: Optional[str]              # as written (None when missing or not text)
     model: Optional[str]               # the drafter: a path or a hub id
-    num_speculative_tokens: Any        # as written: vLLM's parser takes "15" too (the engine refuses it later)
+    num_speculative_tokens: Any        # as written (3, "3", 3.0): `tokens` is what vLLM reads
     table: JsonTable                   # the whole table
+
+    @property
+    def tokens(self):
+        """num_speculative_tokens as vLLM reads it, or None when unset or not a whole number."""
+        return lax_int(self.num_speculative_tokens)
 
     def key_of(self, name):
         """The profile key of one entry: `server.args.speculative-config.model`."""
         return f"{self.key}.{name}"
+
+
+def lax_int(value):
+    """An int as pydantic's lax mode reads one (vLLM's config classes are pydantic dataclasses:
+    `num_speculative_tokens: int` takes 3, "3", " 3 ", "+3", 3.0, "3.0" and True, seen in vLLM
+    0.32.0 with pydantic 2.14), else None."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    if isinstance(value, str) and value.isascii():
+        try:
+            return int(value)
+        except ValueError:
+            try:
+                number = float(value)
+            except ValueError:
+                return None
+            return int(number) if number.is_integer() else None
+    return None
 
 
 def _is_model_key(name):

@@ -12,6 +12,7 @@ from typing import Optional, Tuple, Union
 
 from .checktable import CheckCfg
 from .serverargs import JsonTable, ServerArgs
+from .serverenv import ServerEnv
 
 ENGINES = ("vllm", "sglang", "command")
 
@@ -21,7 +22,9 @@ class Secret:
     """An env value read from the operator's environment (`{ from_env = "NAME" }`)."""
 
     source: str                      # the local environment variable it came from
-    value: str                       # never printed (repr shows `value=...`), never on argv
+    value: Optional[str]             # never printed (repr shows `value=...`), never on argv;
+                                     # None when unset here and the task launches nothing
+    missing: Optional[str] = None    # then: the exit-2 message a launching task gives
 
     def __repr__(self):
         return f"Secret(source={self.source!r}, value=...)"
@@ -57,9 +60,12 @@ class Server:
     files: Tuple[str, ...] = ()                  # local paths (absolute, resolved) copied into the release dir
     # `args` read once, when the Server is made: what every reader of [server.args] asks
     flags: ServerArgs = field(init=False, repr=False, compare=False)
+    # `env` read once: what every reader of [server.env] asks (tasks/profile/serverenv.py)
+    environ: ServerEnv = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "flags", ServerArgs.parse(self.args))
+        object.__setattr__(self, "environ", ServerEnv(self.env))
 
     @property
     def interpreter(self):
@@ -77,7 +83,7 @@ class Ready:
 
 @dataclass(frozen=True)
 class Gpu:
-    devices: Optional[Tuple[int, ...]] = None    # None -> CUDA_VISIBLE_DEVICES, else all
+    devices: Optional[Tuple[int, ...]] = None    # None -> CUDA_VISIBLE_DEVICES, else all: Profile.devices
     min_free_mib: int = 0
     nvidia_smi: str = "nvidia-smi"               # path or name on the host
 
@@ -95,7 +101,7 @@ RESTART_POLICIES = ("no", "on-failure", "always")
 
 @dataclass(frozen=True)
 class Supervise:
-    """[supervise]: restarts by the launcher's reaper on the host (DESIGN.md "Supervision")."""
+    """[supervise]: restarts by the launcher's reaper on the host (docs/supervision.md)."""
     restart: str = "no"                          # one of RESTART_POLICIES
     max_restarts: int = 5                        # within `window` s; one more gives up
     window: float = 600.0
@@ -142,12 +148,43 @@ class Profile:
         key = self.server.flags.api_key
         if key is not None:
             return key
-        env = dict(self.server.env).get("VLLM_API_KEY")
-        return env.value if isinstance(env, Secret) else env
+        return self.server.environ.get("VLLM_API_KEY")
+
+    # The GPUs a deployment uses, one reading for every reader: [gpu] devices (nvidia-smi's
+    # indexes, in the order the server numbers them) when set, else [server.env]
+    # CUDA_VISIBLE_DEVICES; neither: every GPU of the host.
+    @property
+    def devices(self):
+        """nvidia-smi indexes as a list, or None: every GPU, or ids (UUIDs, MIG names) that
+        cannot be mapped to indexes here."""
+        if self.gpu.devices is not None:
+            return list(self.gpu.devices)
+        visible = self.server.environ.visible_devices
+        if visible is not None and all(d.isdigit() for d in visible):
+            return [int(d) for d in visible]
+        return None
+
+    @property
+    def gpu_count(self):
+        """How many GPUs the server sees, or None when that is every GPU of the host."""
+        if self.gpu.devices is not None:
+            return len(self.gpu.devices)
+        visible = self.server.environ.visible_devices
+        return None if visible is None else len(visible)
+
+    def host_gpu(self, n):
+        """The nvidia-smi index of the server's `cuda:n`."""
+        devices = self.devices
+        return devices[n] if devices is not None and n < len(devices) else n
 
     @property
     def secrets(self):
         return {k: v for k, v in self.server.env if isinstance(v, Secret)}
+
+    def missing_secrets(self):
+        """The messages of secrets whose variable is not set here (only a profile loaded for a
+        task that launches nothing has any: tasks/profile/load.py)."""
+        return [v.missing for v in self.secrets.values() if v.missing]
 
     def plain_env(self):
         return {k: v for k, v in self.server.env if not isinstance(v, Secret)}

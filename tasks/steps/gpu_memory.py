@@ -19,18 +19,6 @@ class NotFreedYet(Exception):
         self.over = over
 
 
-def profile_devices(profile):
-    """The GPUs a deployment uses: gpu.devices, else server.env CUDA_VISIBLE_DEVICES, else None (all)."""
-    if profile.gpu.devices is not None:
-        return list(profile.gpu.devices)
-    visible = profile.plain_env().get("CUDA_VISIBLE_DEVICES")
-    if isinstance(visible, str) and visible.strip():
-        parts = [p.strip() for p in visible.split(",")]
-        if all(p.isdigit() for p in parts):
-            return [int(p) for p in parts]
-    return None  # UUIDs or MIG names: we cannot map them to indexes here, so all GPUs
-
-
 def describe(proc):
     """One line naming a process found on a GPU, with its source."""
     where = ", ".join(f"GPU {g['index']}" + (f" {g['used_mib']} MiB" if g["used_mib"] is not None else "")

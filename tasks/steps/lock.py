@@ -8,6 +8,10 @@ import socket
 from ..transport.agent import AgentError
 from ..errors import LockHeld
 
+# Tasks that are never refused by a deploy's lock: the host ends a deploy (or rollback) that
+# only waits for readiness, and they go on (hostside/lock.py). Everything else waits its turn.
+PREEMPTING = ("stop", "kill-gpu-procs")
+
 
 def lock_info():
     try:
@@ -17,19 +21,23 @@ def lock_info():
     return {"user": user, "client": socket.gethostname()}
 
 
-def take_lock(host, ddir, task, stale_agent=None):
+def take_lock(host, ddir, task, stale_agent=None, create=True, phase=None):
     """Take the deployment's lock, or raise LockHeld naming its holder.
 
     `stale_agent`: pid of this task's own agent from before a lost connection; if that
     agent still holds the lock (the host has not noticed the connection died), it is ended.
-    Returns the host's answer ({path, ended_stale_agent})."""
-    return locked(host, ddir, task, stale_agent=stale_agent)[0]
+    `create` False: a deployment directory that is not there is not made (the answer has
+    `absent`: nothing deployed there). `phase`: "waiting" when only readiness is waited for
+    (`fab stop` may then end this task, hostside/lock.py), else changing the host.
+    Returns the host's answer ({path, ended_stale_agent, preempted})."""
+    return locked(host, ddir, task, stale_agent=stale_agent, create=create, phase=phase)[0]
 
 
-def locked(host, ddir, task, stale_agent=None, then=()):
+def locked(host, ddir, task, stale_agent=None, then=(), create=True, phase=None):
     """take_lock, and in the same round trip the requests `then` ([(op, kwargs)]), run on the
     host once the lock is held: [the lock's answer, their results...]."""
-    lock = ("lock", dict(deploy_dir=ddir, task=task, stale_agent=stale_agent, **lock_info()))
+    lock = ("lock", dict(deploy_dir=ddir, task=task, stale_agent=stale_agent, create=create,
+                         phase=phase, **lock_info()))
     try:
         if then:
             return host.batch([lock, *then])
@@ -38,7 +46,7 @@ def locked(host, ddir, task, stale_agent=None, then=()):
         if e.kind != "lock_held" or e.data.get("batch_index", 0) != 0:
             raise
         h = e.data.get("holder", {})
-        raise LockHeld(f"deployment {ddir} is locked by {h.get('user', '?')}@{h.get('from', '?')} "
+        raise LockHeld.naming(h, f"deployment {ddir} is locked by {h.get('user', '?')}@{h.get('from', '?')} "
                        f"({h.get('task', '?')}, agent pid {h.get('pid', '?')} on {h.get('host', '?')}) "
                        f"since {h.get('since', '?')}; try again when it is done (if that task's "
                        f"connection died, its agent ends when the host notices, or end it now "

@@ -98,6 +98,14 @@ def print_checks(reporter, name, checks):
         reporter.line(name, check_block(c))
 
 
+def secret_checks(profile: Profile):
+    """WARN for each `from_env` secret unset here: `fab check` needs no secret's value (only a
+    launch reads them), but the deploy it checks for would refuse (exit 2)."""
+    return [{"status": "WARN", "check": "secret",
+             "message": f"{m}; `fab deploy` refuses to launch without it (nothing else needs it)"}
+            for m in profile.missing_secrets()]
+
+
 def run_preflight(host, reporter, req, extra=()):
     """Run the host's preflight (plus the client's `extra` checks); print one line per check;
     raise PreflightFailed on any FAIL. Returns every check."""
@@ -111,6 +119,9 @@ def run_preflight(host, reporter, req, extra=()):
         err = PreflightFailed(f"preflight failed ({len(failed)} check(s)); nothing was launched",
                               details=[check_block(c) for c in failed])
         err.checks = checks
+        from ..doctor.findings import split  # --json: {host, ok: false, error, checks, findings}
+        plain, findings = split(checks)
+        err.json_extra = {"checks": plain, "findings": findings}
         raise err
     return checks
 

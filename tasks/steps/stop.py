@@ -17,12 +17,20 @@ DEFAULT_GRACE_S = 30.0
 
 
 def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=FREE_TIMEOUT_S,
-                    by="fab stop"):
+                    by="fab stop", spot=None):
     """Stop and verify; returns the host's stop record plus `memory_s` (None when unchecked).
-    `by` is recorded in the release: a server stopped on purpose never reads as failed."""
+    `by` is recorded in the release: a server stopped on purpose never reads as failed.
+    `spot` (tasks/interrupts.py): where a Ctrl-C leaves this host; the stop itself is never
+    cut short by one (the GPU memory wait after it is)."""
+    from ..interrupts import changing
     grace = DEFAULT_GRACE_S if grace is None else grace
     t0 = time.monotonic()
-    res = host.call("stop", deploy_dir=ddir, grace=grace, by=by, timeout=grace + 60)
+    with changing():
+        if spot is not None:
+            spot.step = "stopping"
+        res = host.call("stop", deploy_dir=ddir, grace=grace, by=by, timeout=grace + 60)
+        if spot is not None:
+            spot.step = "stopped"
     res["memory_s"] = None
     name = host.name
     if res.get("supervisor_was"):  # ended before anything was signalled: no restart follows

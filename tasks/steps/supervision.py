@@ -1,13 +1,12 @@
-"""What `fab status` says about a release's supervisor (DESIGN.md "Supervision").
+"""What `fab status` says about a release's supervisor (docs/supervision.md).
 
 The host reads supervisor.json (tasks/hostside/supervision.py); this side shapes the
 `supervisor` object of `--json` (`restart, restarts, state, last: {exit, signal, rule,
 line, ended_at}, next_attempt_in_s`) and the human lines. An unsupervised release reads
 `restart: "no", state: "off"`.
 
-The failure rule of a crash is left as the host recorded it: "hung" for a hang the
-supervisor detected, else null (the failure-explanation table of issue 14 is not on main
-yet; when it is, map `last.line` to its rule here).
+The failure rule of a crash is the one the host recorded: "hung" for a hang the supervisor
+detected, else the rule the host named from the rule table (tasks/failures/rules/), or null.
 """
 
 OFF = {"restart": "no", "restarts": 0, "state": "off", "last": None, "next_attempt_in_s": None}
@@ -28,7 +27,8 @@ def record(host_view):
 def how_it_ended(last):
     if not last:
         return "?"
-    text = f"signal {last['signal']}" if last.get("signal") else f"exit status {last.get('exit')}"
+    from ..hostside.common import exit_words  # one wording for every end
+    text = f"killed by {last['signal']}" if last.get("signal") else exit_words(last.get("exit"))
     return text + (f", {last['rule']}" if last.get("rule") else "")
 
 

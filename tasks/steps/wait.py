@@ -21,6 +21,7 @@ from ..errors import HostUnreachable, OperationFailed
 from ..failures.failed_server import server_failed
 from ..failures.logscan import LogScanner
 from ..transport.agent import AgentStartFailed, ConnectionLost
+from .lock import PREEMPTING
 from ..output import fab_hint
 
 RECONNECT_BUDGET_S = 120
@@ -39,6 +40,22 @@ def fatal_hints():
 
 class NotReadyYet(Exception):
     pass
+
+
+class StoppedByOther(OperationFailed):
+    """Another task (`fab stop`, `fab kill-gpu-procs`) stopped the server this one waited for:
+    no failure of the server, nothing to clean up, nothing to put back."""
+
+
+def stopped_by_other(server, task, record=None, holder=None):
+    if holder is not None:
+        who = (f"`fab {holder.get('task', '?')}` of {holder.get('user', '?')}@{holder.get('from', '?')}, "
+               f"which holds the lock now")
+    else:
+        who = f"{(record or {}).get('by') or 'another task'} at {(record or {}).get('at', '?')}"
+    return StoppedByOther(f"release {server['release']} (pid {server['pid']}) was stopped by {who}, "
+                          f"while this {task} waited for it to be ready; it was not restarted "
+                          "and nothing was put back")
 
 
 class NotReadyInTime(OperationFailed):
@@ -69,7 +86,7 @@ def _gpu_text(gpus):
 
 
 def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_reconnect=None,
-               gpu_probe=True, log_offset=0, progress=None):
+               gpu_probe=True, log_offset=0, progress=None, task="deploy"):
     """Block until ready (returns a dict of facts) or raise OperationFailed / NotReadyInTime.
 
     `log_offset`: where this run's lines start in server.log (a relaunched release appends).
@@ -103,6 +120,8 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
         state["soon"] = r.get("why") == "hint"
         if state["nvidia_smi"] and r.get("gpus") is None:
             state["nvidia_smi"] = None  # no GPUs readable here: stop asking every tick
+        if not r["alive"] and r.get("stopped"):  # stopped on purpose by another task
+            raise stopped_by_other(server, task, r["stopped"])
         # The agent read the log after seeing the process gone: its last words are in.
         fatal = scanner.feed(r["log"]["text"], final=not r["alive"])
         if fatal is not None or not r["alive"]:  # why, and what to do (tasks/failures/failed_server.py)
@@ -158,8 +177,14 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
     agent = {"pid": stale_agent}
 
     def relock():
+        from ..errors import LockHeld
         reporter.line(name, "connection re-opened; still waiting")
-        took = take_lock(host, ddir, task, stale_agent=agent["pid"])
+        try:
+            took = take_lock(host, ddir, task, stale_agent=agent["pid"], phase="waiting")
+        except LockHeld as e:  # `fab stop` ended this task's agent to stop the server
+            if (e.holder or {}).get("task") in PREEMPTING:
+                raise stopped_by_other(server, task, holder=e.holder) from None
+            raise
         if took.get("ended_stale_agent"):
             reporter.line(name, f"ended agent pid {took['ended_stale_agent']} of the lost connection "
                                 "(it still held the lock)")
@@ -167,7 +192,9 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
 
     try:
         return wait_ready(host, profile, ddir, server, reporter, timeout=timeout,
-                          log_offset=log_offset, on_reconnect=relock, progress=progress)
+                          log_offset=log_offset, on_reconnect=relock, progress=progress, task=task)
+    except StoppedByOther:
+        raise
     except NotReadyInTime as e:
         if not stop_on_timeout:
             raise
@@ -190,7 +217,8 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
         if fatal is not None:  # the server itself failed: `fab rollback` must not pick this release
             try:
                 host.call("mark_failed", deploy_dir=ddir, release=server["release"],
-                          rule=fatal.get("rule"), cause=fatal.get("cause"), timeout=30)
+                          rule=fatal.get("rule"), cause=fatal.get("cause"), fix=fatal.get("fix"),
+                          line=fatal.get("line"), timeout=30)
             except Exception:
                 pass
         e.stopped = True

@@ -1,11 +1,11 @@
 """The host agent's first stage: runs on the host as `PYTHON -S -c <this file, minified> DIGEST`.
 
 Never imported on the client: tasks/transport/agent_code.py reads this text, strips its comments,
-docstrings and blank lines (agentpayload.minify) and sends the result as the one remote
+docstrings and blank lines (tasks/transport/agent_code.py `minify`) and sends the result as the one remote
 command of a task. It is ordinary Python so that it can be read, and it runs the same
 unminified (tests/unit/test_agent_code.py runs both against a real interpreter).
 
-What it does, with DIGEST the sha256 of the agent's files (agentpayload.digest):
+What it does, with DIGEST the sha256 of the agent's files (tasks/transport/agent_code.py `digest`):
   1. Look for ~/.cache/llmfab/agent/<DIGEST[:32]>/llmfab_host/ (XDG_CACHE_HOME respected):
      used when the directory is the user's own, not writable by group or others, and its
      files hash to DIGEST.
@@ -37,7 +37,7 @@ DAY = 86400
 
 def files_digest(directory):
     """sha256 over (name, length, bytes) of each .py file, sorted by name: what
-    tasks/agentpayload.digest computes on the client."""
+    tasks/transport/agent_code.py `digest` computes on the client."""
     h = sha256()
     for name in sorted(os.listdir(directory)):
         if name.endswith(".py"):

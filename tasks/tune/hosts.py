@@ -64,7 +64,7 @@ def put_back(host, base, before, reporter, *, keep, tuned=None, stale_agent=None
     take_lock(host, ddir, "tune", stale_agent=stale_agent)
     if keep == "winner" and tuned is not None:
         from ..deploy import deploy_host
-        res = deploy_host(host, tuned, DeployOptions(), reporter)
+        res = deploy_host(host, tuned, DeployOptions(), reporter, restore=False)
         return f"the winner runs: release {res.data['release']} ({tuned.path.name})"
     state = host.call("state", deploy_dir=ddir)
     now = (state.get("server") or {}).get("release") if state.get("alive") else None
@@ -76,3 +76,14 @@ def put_back(host, base, before, reporter, *, keep, tuned=None, stale_agent=None
         return f"release {before} runs, as before"
     rollback_host(host, base, RollbackOptions(), reporter, to=before)
     return f"release {before} runs again, as before"
+
+
+def stop_slot(host, base, k, stale_agent, reporter):
+    """After Ctrl-C: stop slot k's own deployment (`<name>-s<K>`), ending the sweep's agent
+    that held its lock."""
+    from ..steps.lock import take_lock
+    from ..steps.stop import stop_deployment
+    from .slots import slot_name
+    ddir = f"{base.target.workdir.rstrip('/')}/{slot_name(base.target.name, k)}"
+    take_lock(host, ddir, "tune", stale_agent=stale_agent)
+    stop_deployment(host, ddir, reporter)

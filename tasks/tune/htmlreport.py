@@ -83,11 +83,16 @@ def _legend(parts, entries):
 def throughput_chart(records, variants, concurrencies):
     """Output tokens/s (median, with the min..max spread as a bar) against concurrency."""
     by = {(r["variant"], r["concurrency"]): r for r in results.latest(records)
-          if r["status"] == "measured"}
+          if r["status"] == "measured" and r.get("concurrency") is not None}
+    if not by:
+        return None
     vals = [r["output_tokens_per_s"] or 0 for r in by.values()] + \
            [(r.get("spread") or {}).get("output_tokens_per_s", {}).get("max") or 0 for r in by.values()]
-    parts, x, y = _frame("concurrency", "output tokens/s", concurrencies, max(vals + [1]))
+    parts, x0, y = _frame("concurrency", "output tokens/s", concurrencies, max(vals + [1]))
+    n = len(variants)
     for vi, v in enumerate(variants):
+        # each variant a few pixels aside, so equal values never hide one another's dot
+        x = (lambda i, vi=vi: x0(i) + (vi - (n - 1) / 2) * 6)
         pts = [(i, by[(v.name, c)]) for i, c in enumerate(concurrencies) if (v.name, c) in by]
         if not pts:
             continue
@@ -111,7 +116,7 @@ def throughput_chart(records, variants, concurrencies):
 def acceptance_chart(records, variants, concurrency):
     """Acceptance per draft position (bench window), grouped bars per position."""
     by = {r["variant"]: r for r in results.latest(records)
-          if r["status"] == "measured" and r["concurrency"] == concurrency}
+          if r["status"] == "measured" and (r["concurrency"] == concurrency or concurrency is None)}
     with_spec = [(vi, v, by[v.name]["spec"]["per_position"]) for vi, v in enumerate(variants)
                  if v.name in by and (by[v.name].get("spec") or {}).get("per_position")]
     width = max((len(pp) for _, _, pp in with_spec), default=0)
@@ -143,16 +148,18 @@ figcaption{font-size:13px;color:#555}code{background:#f3f3f3;padding:1px 4px}"""
 
 
 def render(*, title, records, variants, concurrencies, objective, decision, headers, rows,
-           meta):
-    """The whole page as text. `meta`: [(label, value)] shown under the title."""
+           meta, slo=None, load="concurrency"):
+    """The whole page as text. `meta`: [(label, value)] shown under the title; `slo`: the
+    bounds (tasks/tune/slo.py) of a sweep under --slo, whose charts are loadcharts.py's."""
     kind, conc = objective
-    if decision.get("winner") and not decision.get("tie"):
+    if decision.get("winner") and (not decision.get("tie") or slo):
         head, cls = f"Winner: {decision['winner']}", "verdict"
     elif decision.get("tie"):
         head, cls = f"No clear winner: {decision['winner']} and {decision['second']}", "verdict tie"
     else:
         head, cls = "No winner", "verdict none"
     acc = acceptance_chart(records, variants, conc)
+    tput = None if slo else throughput_chart(records, variants, concurrencies)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
            "style-src 'unsafe-inline'; img-src data:\">",
@@ -161,13 +168,20 @@ def render(*, title, records, variants, concurrencies, objective, decision, head
            "<p>" + " &middot; ".join(f"{escape(k)}: <code>{escape(str(v))}</code>"
                                      for k, v in meta) + "</p>",
            f'<div class="{cls}"><strong>{escape(head)}</strong> (objective '
-           f'<code>{escape(decision["objective"])}</code>)<br>{escape(decision["why"])}</div>',
-           "<figure>", throughput_chart(records, variants, concurrencies),
-           "<figcaption>Output tokens/s against concurrency, per variant (median of the runs; "
-           "the vertical bar is the min..max spread).</figcaption></figure>"]
+           f'<code>{escape(decision["objective"])}</code>)<br>{escape(decision["why"])}</div>']
+    if slo:
+        from .loadcharts import slo_sections
+        out += slo_sections(records, variants, slo, load, decision)
+    elif tput:
+        out += ["<figure>", tput,
+                "<figcaption>Output tokens/s against concurrency, per variant (median of the runs; "
+                "the vertical bar is the min..max spread).</figcaption></figure>"]
+    else:
+        out.append("<p>Nothing was measured, so there is no chart: the table says why.</p>")
     if acc:
-        out += ["<figure>", acc, f"<figcaption>Acceptance per draft position at concurrency "
-                                 f"{conc}, per variant (bench window).</figcaption></figure>"]
+        where = "at each variant's capacity" if slo else f"at concurrency {conc}"
+        out += ["<figure>", acc, f"<figcaption>Acceptance per draft position {where}, per "
+                                 f"variant (bench window).</figcaption></figure>"]
     else:
         out.append("<p>No variant reported per-position acceptance.</p>")
     out.append("<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in headers) + "</tr>")

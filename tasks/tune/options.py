@@ -37,6 +37,10 @@ class TuneOptions(Common):
     out: Optional[str] = None
     resume: Optional[str] = None
     json: bool = False
+    slo: Optional[tuple] = None                  # (slo.Bound, ...) or None: fixed concurrencies
+    load: str = "concurrency"                    # with --slo: concurrency | rate
+    max_load: int = 64
+    slots: str = "1"                             # auto | N
 
     @staticmethod
     def convert(flags):
@@ -60,6 +64,22 @@ class TuneOptions(Common):
         if keep not in TUNE_KEEP:
             raise UsageError(f"--keep expects previous or winner (got {keep!r})")
         flags["keep"] = keep
+        from .slo import LOADS, parse_slo
+        flags["slo"] = parse_slo(flags["slo"]) if flags.get("slo") else None
+        load = flags.get("load") or "concurrency"
+        if load not in LOADS:
+            raise UsageError(f"--load expects concurrency or rate (got {load!r})")
+        flags["load"] = load
+        flags["max_load"] = whole("max_load", flags.get("max_load"), 1, 64)
+        if flags["slo"] is None and (flags.get("load") != "concurrency" or flags["max_load"] != 64):
+            raise UsageError("--load and --max-load steer the search under --slo: give --slo too")
+        if flags["slo"] is not None and objective is not None:
+            raise UsageError("--objective and --slo: under --slo the objective is goodput (output "
+                             "tok/s at each variant's capacity); give one of them")
+        slots = str(flags.get("slots") or "1").strip()
+        if slots != "auto" and not (slots.isdigit() and int(slots) >= 1):
+            raise UsageError(f"--slots expects auto or a whole number >= 1 (got {slots!r})")
+        flags["slots"] = slots
         if flags.get("out") and flags.get("resume"):
             raise UsageError("give --out or --resume, not both (--resume writes into its own directory)")
         return flags

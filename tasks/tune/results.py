@@ -15,7 +15,8 @@ clear winner and both are named. With --repeat 1 there is no spread, and the rea
 """
 import json
 import re
-import statistics
+
+from ..measure.repeats import beyond_spread, lead_pct
 
 OBJECTIVE = re.compile(r"^(tokens_per_s|ttft_p90)@([1-9][0-9]*)$")
 BENCH_FIELDS = ("requests", "errors", "duration_s", "requests_per_s", "output_tokens_per_s",
@@ -30,35 +31,25 @@ OBJECTIVES = {"tokens_per_s": ("output_tokens_per_s", True, "output tok/s"),
               "ttft_p90": ("ttft_p90_ms", False, "ms TTFT p90")}
 
 
-def _median(xs, digits=3):
-    xs = [x for x in xs if x is not None]
-    return round(statistics.median(xs), digits) if xs else None
+# tune's spread names -> the figure names of tasks/measure/repeats.py (one summary of runs)
+SPREAD_OF = {"output_tokens_per_s": "output tok/s", "ttft_p90_ms": "TTFT p90 ms",
+             "acceptance_rate": "acceptance"}
 
 
 def measured(variant, settings, host, release, concurrency, runs):
-    """The record of one variant at one concurrency from its bench runs (tasks/bench.py)."""
+    """The record of one variant at one concurrency from its bench runs (tasks/bench.py),
+    summarized as `fab bench --repeat` summarizes (tasks/measure/repeats.py summarize)."""
+    from ..measure.repeats import summarize
+    summary = summarize(runs)
+    rep = summary.pop("repeat")
+    summary.pop("host", None)
     rec = {"variant": variant, "settings": settings, "host": host, "release": release,
-           "concurrency": concurrency, "status": "measured",
-           "requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs)}
-    for key in ("duration_s", "requests_per_s", "output_tokens_per_s"):
-        rec[key] = _median([r[key] for r in runs])
-    for key in ("ttft_ms", "itl_ms"):
-        rec[key] = {q: _median([(r[key] or {}).get(q) for r in runs]) for q in ("p50", "p90")}
-    specs = [r["spec"] for r in runs if r.get("spec")]
-    spec = None
-    if specs:
-        spec = dict(specs[-1])  # the last window's verdict and findings stand for the set
-        for key in ("acceptance_rate", "mean_acceptance_length"):
-            spec[key] = _median([s.get(key) for s in specs], 6)
-        width = max(len(s.get("per_position") or []) for s in specs)
-        spec["per_position"] = [_median([(s.get("per_position") or [None] * width)[i]
-                                         if i < len(s.get("per_position") or []) else None
-                                         for s in specs], 6) for i in range(width)]
-    rec["spec"] = spec
-    rec["repeats"] = len(runs)
-    rec["spread"] = {name: {"min": min(xs), "median": _median(xs, 6), "max": max(xs)}
-                     for name, get in SPREAD.items()
-                     for xs in [[get(r) for r in runs if get(r) is not None]] if xs}
+           "concurrency": concurrency, "status": "measured"}
+    rec.update(summary)
+    rec["spec"] = summary.get("spec")
+    rec["repeats"] = rep["n"]
+    rec["spread"] = {name: rep["spread"][fig] for name, fig in SPREAD_OF.items()
+                     if fig in rep["spread"]}
     return rec
 
 
@@ -84,7 +75,8 @@ def read(path):
 
 def missing(variants, concurrencies, records):
     """[(variant, [concurrency, ...])] still to measure: measured records count as done;
-    skipped or failed ones are tried again (their cause may be fixed)."""
+    skipped or failed ones are tried again (their cause may be fixed). Under --slo
+    `concurrencies` is (None,): one record per variant, its capacity."""
     done = {(r["variant"], r["concurrency"]) for r in records if r["status"] == "measured"}
     out = []
     for v in variants:
@@ -148,12 +140,13 @@ def decide(records, objective):
     second = ranked[1]
     out["second"] = second["variant"]
     a, b = _value(best, figure), _value(second, figure)
-    lead = abs(a - b) / abs(b) * 100.0 if b else float("inf")
+    lead = lead_pct(b, a)  # in percent of the second, as `fab bench --compare` says A -> B
     ra, rb = _range(best, figure), _range(second, figure)
     vs = f"{second['variant']} ({_fmt(b)})"
-    if ra is None or rb is None:
+    apart = beyond_spread(ra, rb)
+    if apart is None:
         judged = "no spread measured (--repeat 1): run with --repeat 3 to know whether it holds"
-    elif ra[1] < rb[0] or rb[1] < ra[0]:
+    elif apart:
         judged = (f"beyond the spread ({_fmt(ra[0])}..{_fmt(ra[1])} against "
                   f"{_fmt(rb[0])}..{_fmt(rb[1])})")
     else:

@@ -60,9 +60,11 @@ class Workload:
     `vllm bench serve --ignore-eos` does): every request yields max_tokens, so each variant
     generates as much and its drafts are enough for the doctor's verdict."""
 
-    def __init__(self, concurrency, requests, max_tokens, repeat, prompts, engine="vllm"):
+    def __init__(self, concurrency, requests, max_tokens, repeat, prompts, engine="vllm",
+                 slo=None):
         self.concurrency, self.requests, self.max_tokens = concurrency, requests, max_tokens
         self.repeat, self.prompts = repeat, prompts
+        self.slo = slo  # a capacity.SloPlan under --slo: each variant's capacity is searched
         self.sampling = {"temperature": 0.0}
         if engine in ("vllm", "sglang"):
             self.sampling["ignore_eos"] = True
@@ -75,7 +77,8 @@ class Workload:
 class Sweep:
     """The queue, the progress, and the records as they come (appended to results.jsonl)."""
 
-    def __init__(self, todo, total, workload, *, results_path, log, progress, cancel, host_kwargs):
+    def __init__(self, todo, total, workload, *, results_path, log, progress, cancel, host_kwargs,
+                 base=None, slots=None):
         self.todo = list(todo)           # [(variant, [concurrency, ...])]
         self.total = total               # variants in the whole sweep (the "of N")
         self.workload = workload
@@ -90,6 +93,9 @@ class Sweep:
         self.lost = {}                   # name -> why the host was given up
         self.durations = []              # seconds per variant done
         self.started = time.monotonic()
+        self.base = base                 # the sweep's profile (slot deployments are named from it)
+        self.slots = slots or {}         # host -> [[gpu indices] per slot]; none: one slot as the profile says
+        self.slot_agents = {}            # (host, slot) -> agent pid, slots 1.. (slot 0 is `agents`)
         self._lock = threading.Lock()
         self._done_count = total - len(self.todo)
 
@@ -126,19 +132,27 @@ class Sweep:
         self.progress(host, f"{variant.index}:{phase.split(' ')[0]}", text)
 
     # -- one host --------------------------------------------------------------------------
-    def run_host(self, name):
+    def workers(self, hosts):
+        """[(host, slot)]: one worker per host, or per slot of a host under --slots."""
+        return [(h, k) for h in hosts for k in (range(len(self.slots[h])) if self.slots.get(h) else [None])]
+
+    def run_host(self, name, slot=None):
         host = SweepHost(name, self.cancel, **self.host_kwargs)
-        self.hosts[name] = host
+        key = name if not slot else f"{name}#{slot}"
+        self.hosts[key] = host
         try:
             hello = host.start()
-            self.agents[name] = hello.get("pid")
+            if slot:
+                self.slot_agents[(name, slot)] = hello.get("pid")
+            else:
+                self.agents[name] = hello.get("pid")
             while True:
                 item = self._next()
                 if item is None:
                     return
                 t0 = time.monotonic()
                 try:
-                    self.measure(host, *item)
+                    self.measure(host, *item, slot=slot)
                 except (HostUnreachable, ConnectionLost) as e:
                     with self._lock:
                         self.todo.insert(0, item)  # another host takes it
@@ -155,36 +169,43 @@ class Sweep:
             if not self.cancel.is_set():  # Ctrl-C: the put-back ends this agent itself
                 host.close()
 
-    def measure(self, host, variant, concurrencies):
-        """Measure one variant on one host; its records (tasks/tune/results.py) are written
-        before the stop, so a stop that fails loses nothing measured."""
+    def measure(self, host, variant, concurrencies, slot=None):
+        """Measure one variant on one host (in one of its slots); its records
+        (tasks/tune/results.py) are written before the stop, so a stop that fails loses
+        nothing measured."""
         from ..bench import measure_once
         from ..deploy import deploy_host
         from ..options import DeployOptions
         from ..steps.preflight import deploy_dir
         from ..steps.stop import stop_deployment
         profile, name, log = variant.profile, host.name, self.log
+        if slot is not None:
+            from .slots import slot_profile
+            profile = slot_profile(variant, slot, self.slots[name][slot], self.base)
         ddir = deploy_dir(profile)
+        say = self.say if slot is None else (
+            lambda h, v, phase: self.say(h, v, f"{phase} (slot {slot}, GPUs "
+                                               f"{','.join(map(str, self.slots[name][slot]))})"))
 
         def skipped(status, why, release=None):
             return [results.not_measured(variant.name, variant.settings, name, release, c,
                                          status, why) for c in concurrencies]
-        self.say(name, variant, "deploy")
+        say(name, variant, "deploy")
         opts = DeployOptions(stop_on_timeout=True)
         try:
-            res = deploy_host(host, profile, opts, log)
+            res = deploy_host(host, profile, opts, log, restore=False)  # a failed variant is recorded
         except (HostUnreachable, ConnectionLost):
             raise
         except PreflightFailed as e:
             fails = [c for c in getattr(e, "checks", []) if c["status"] == "FAIL"]
             first = fails[0] if fails else {"check": "preflight", "message": e.message}
             finding = first.get("finding") or {"rule": first["check"], "message": first["message"]}
-            self.say(name, variant, f"skipped: preflight FAIL: {finding.get('rule')}")
+            say(name, variant, f"skipped: preflight FAIL: {finding.get('rule')}")
             return self._record(skipped("skipped", {"finding": finding}))
         except OperationFailed as e:
             fatal = getattr(e, "fatal", None)
             release = (getattr(e, "server", None) or {}).get("release")
-            self.say(name, variant, "failed to start" + (f": {fatal['rule']}" if fatal else ""))
+            say(name, variant, "failed to start" + (f": {fatal['rule']}" if fatal else ""))
             why = {"fatal": fatal} if fatal else {"error": e.message.splitlines()[0]}
             return self._record(skipped("failed", why, release))
         release = res.data["release"]
@@ -193,10 +214,13 @@ class Sweep:
             state = host.call("state", deploy_dir=ddir)
             server = state.get("server") or {}
             port = server.get("port") or profile.server.port
-            for c in concurrencies:
+            if self.workload.slo is not None:
+                out.append(self.capacity(host, variant, profile, log, port, server, ddir, release,
+                                         lambda phase: say(name, variant, phase)))
+            for c in (concurrencies if self.workload.slo is None else ()):
                 runs = []
                 for n in range(self.workload.repeat):
-                    self.say(name, variant, f"bench concurrency {c}, run {n + 1} of "
+                    say(name, variant, f"bench concurrency {c}, run {n + 1} of "
                                             f"{self.workload.repeat}")
                     rec, _raw = measure_once(host, profile, log, port, self.workload.prompts,
                                              self.workload.request(c), server, ddir)
@@ -206,13 +230,50 @@ class Sweep:
         except (HostUnreachable, ConnectionLost):
             raise
         except OperationFailed as e:
-            self.say(name, variant, "bench failed")
+            say(name, variant, "bench failed")
             done = {r["concurrency"] for r in out}
             out += [r for r in skipped("failed", {"error": e.message.splitlines()[0]}, release)
                     if r["concurrency"] not in done]
         self._record(out)
-        self.say(name, variant, "stop")
+        say(name, variant, "stop")
         stop_deployment(host, ddir, log)
+
+
+    def capacity(self, host, variant, profile, log, port, server, ddir, release, say):
+        """The variant's capacity record under --slo (tasks/tune/capacity.py)."""
+        from ..bench import measure_once
+        from . import capacity
+        plan = self.workload.slo
+
+        def bench(req):
+            return measure_once(host, profile, log, port, self.workload.prompts,
+                                req, server, ddir)
+
+        def summarize(load, runs):
+            rec = results.measured(variant.name, variant.settings, host.name, release,
+                                   load if plan.kind == "concurrency" else None, runs)
+            if plan.kind == "rate":
+                rec["request_rate"] = load
+            return rec
+        points, cap, step = capacity.search(bench, plan, self.workload, say, summarize)
+        base = {"variant": variant.name, "settings": variant.settings, "host": host.name,
+                "release": release, "concurrency": None, "status": "measured"}
+        rec = capacity.variant_record(base, plan, points, cap, step, variant_k(variant))
+        say(f"capacity {cap:g} ({plan.kind}), goodput "
+            + (f"{rec['goodput']:.1f} tok/s" if rec["goodput"] is not None else "-"))
+        return rec
+
+
+def variant_k(variant):
+    """The variant's number of draft tokens (None: no speculation), for the tie rule."""
+    spec = variant.profile.server.flags.speculative
+    if spec is None:
+        return None
+    k = spec.num_speculative_tokens
+    try:
+        return int(k)
+    except (TypeError, ValueError):
+        return 0
 
 
 def clock(seconds):

@@ -17,13 +17,14 @@ from pathlib import Path
 
 from ..errors import ExitCode, HostUnreachable, Interrupted, LlmfabError, TaskFailed, UsageError
 from . import results
+from .slo import slo_text
 
 PLAN = "plan.json"
 RESULTS = "results.jsonl"
 LOG = "sweep.log"
 # What must be the same to resume a sweep: the variants and the workload.
 PLAN_KEYS = ("profile", "vary", "profiles", "baseline", "concurrency", "requests", "input_len",
-             "max_tokens", "repeat", "seed")
+             "max_tokens", "repeat", "seed", "slo", "load", "max_load")
 
 
 def _plan(opts, base):
@@ -31,7 +32,20 @@ def _plan(opts, base):
             "profiles": [str(Path(p).resolve()) for p in opts.profiles],
             "baseline": opts.baseline, "concurrency": list(opts.concurrency),
             "requests": opts.requests, "input_len": opts.input_len,
-            "max_tokens": opts.max_tokens, "repeat": opts.repeat, "seed": opts.seed}
+            "max_tokens": opts.max_tokens, "repeat": opts.repeat, "seed": opts.seed,
+            "slo": slo_text(opts.slo) if opts.slo else None,
+            "load": opts.load if opts.slo else None, "max_load": opts.max_load if opts.slo else None}
+
+
+def default_out_root(environ=None):
+    """Where sweeps go without --out: `$XDG_STATE_HOME/llmfab/tune/` (default
+    ~/.local/state/llmfab/tune/), whatever the current directory is. The current directory
+    was the default once, and a sweep run from the checkout (as the README runs every task)
+    left an untracked directory in it; the user's state directory is the same place from any
+    directory, and each run prints where its results are."""
+    environ = os.environ if environ is None else environ
+    state = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "llmfab" / "tune"
 
 
 def _out_dir(opts, base):
@@ -42,7 +56,7 @@ def _out_dir(opts, base):
                              "directory?)")
         return out, False
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out = Path(opts.out or f"tune-{base.target.name}-{stamp}")
+    out = Path(opts.out) if opts.out else default_out_root() / f"{base.target.name}-{stamp}"
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--out {out} exists and is not empty: choose another directory, or "
                          f"continue that sweep with --resume {out}")
@@ -63,13 +77,15 @@ def tune(c, opts):
     """Body of `fab tune` (opts: tasks.tune.options.TuneOptions)."""
     from ..fleet.runner import load
     from .variants import build
-    base = load(c, opts.profile)
+    base = load(c, opts.profile, launching=True)
     if base.cluster is not None:
         raise UsageError(f"{base.path}: fab tune does not sweep [cluster] profiles (nothing was done)")
     concurrency = opts.concurrency
     objective = results.parse_objective(opts.objective) if opts.objective \
         else ("tokens_per_s", max(concurrency))
-    if objective[1] not in concurrency:
+    if opts.slo:
+        objective = ("goodput", None)
+    elif objective[1] not in concurrency:
         raise UsageError(f"--objective {opts.objective}: concurrency {objective[1]} is not "
                          f"measured (--concurrency {','.join(map(str, concurrency))})")
     out, fresh = _out_dir(opts, base)
@@ -112,6 +128,9 @@ class Sweeper:
                       parallel=self.opts.parallel, reporter=self.term, host_kwargs=self.kw)
         bad = [r for r in res if r.code]
         if bad:
+            if self.opts.json:  # each host that refused the sweep: {host, ok: false, error, code}
+                from ..fleet.fanout import emit_missing
+                emit_missing(self.term, bad)
             code = max(int(r.code) for r in bad)
             if code == ExitCode.UNREACHABLE:
                 raise HostUnreachable(f"cannot reach {', '.join(r.host for r in bad)}; nothing "
@@ -119,9 +138,35 @@ class Sweeper:
             raise TaskFailed(code)
         check_alike({r.host: r.data["facts"] for r in res})
         from .hosts import describe
+        from .slots import plan as slot_plan
+        facts = res[0].data["facts"]
+        self.slots = {r.host: slot_plan(self.opts.slots, self.base, self.variants,
+                                        len(r.data["facts"].get("gpus") or ())) for r in res}
+        self.check_settings(res[0].host, facts)
+        per = len(self.slots[res[0].host]) or 1
         self.term.line("", f"tune: {len(self.variants)} variants on {len(self.hosts)} host(s) "
-                           f"({describe(res[0].data['facts'])}); results in {self.out}/")
+                           f"({describe(facts)})" + (f", {per} at once on each" if per > 1 else "")
+                           + f"; results in {self.out}/")
         return {r.host: r.data["running"] for r in res}
+
+    def check_settings(self, host_name, facts):
+        """--vary server.args.X: each flag and value against the engine's --help (exit 2)."""
+        from .settings import check, varied_flags
+        if not varied_flags(self.opts.vary) or self.base.server.engine not in ("vllm", "sglang"):
+            return
+        from ..transport.agent import Host
+        host = Host(host_name, **self.kw)
+        try:
+            host.start()
+            got = host.call("engine_flags", engine=self.base.server.engine,
+                            python=self.base.server.interpreter, timeout=240)
+        finally:
+            host.close()
+        if got["flags"] is None:
+            raise UsageError(f"--vary server.args...: cannot read the flags of the engine on "
+                             f"{host_name} ({' '.join(got['argv'] or [])}: {got['error']}); "
+                             "nothing was launched")
+        check(self.opts.vary, host_name, got["flags"], facts.get("engine"))
 
     def run(self):
         from ..measure import workload
@@ -130,19 +175,26 @@ class Sweeper:
         before = self.survey()
         path = self.out / RESULTS
         old = results.read(path)
-        todo = results.missing(self.variants, o.concurrency, old)
+        points = (None,) if o.slo else o.concurrency
+        todo = results.missing(self.variants, points, old)
         if old:
             self.term.line("", f"tune: resuming: {len(self.variants) - len(todo)} of "
                                f"{len(self.variants)} variants already measured")
+        plan = None
+        if o.slo:
+            from .capacity import SloPlan
+            plan = SloPlan(o.slo, o.load, o.max_load, o.repeat, o.requests)
+        count = max(o.requests, 2 * o.max_load if o.slo else 0) + 1
         wl = Workload(o.concurrency, o.requests, o.max_tokens, o.repeat,
-                      workload.prompts(seed=o.seed, count=o.requests + 1, input_len=o.input_len),
-                      engine=self.base.server.engine)
+                      workload.prompts(seed=o.seed, count=count, input_len=o.input_len),
+                      engine=self.base.server.engine, slo=plan)
         cancel = threading.Event()
         sweep = Sweep(todo, len(self.variants), wl, results_path=path, log=self.log,
-                      progress=self.term.progress, cancel=cancel, host_kwargs=self.kw)
+                      progress=self.term.progress, cancel=cancel, host_kwargs=self.kw,
+                      base=self.base, slots=self.slots)
         t0 = time.monotonic()
-        threads = [threading.Thread(target=sweep.run_host, args=(h,),
-                                    daemon=True, name=f"tune-{h}") for h in self.hosts]
+        threads = [threading.Thread(target=sweep.run_host, args=(h, k),
+                                    daemon=True, name=f"tune-{h}-{k}") for h, k in sweep.workers(self.hosts)]
         try:
             for t in threads:
                 t.start()
@@ -152,7 +204,7 @@ class Sweeper:
         except KeyboardInterrupt:
             cancel.set()
             self.term.line("", "Ctrl-C: the sweep stops here; putting back what ran before")
-            self.put_back(before, keep="previous", stale=sweep.agents)
+            self.put_back(before, keep="previous", stale=sweep.agents, slots=sweep.slot_agents)
             self.term.line("", f"interrupted: what was measured is in {path} (continue with "
                                f"--resume {self.out})")
             raise Interrupted() from None
@@ -163,9 +215,15 @@ class Sweeper:
         from ..profile import load_profile
         from .variants import tuned_text
         o = self.opts
-        decision = results.decide(records, self.objective)
-        headers, rows = results.table(records, self.variants, o.concurrency, self.objective,
-                                      decision)
+        if o.slo:
+            from .slo import decide
+            from .tables import slo_table, slo_inputs
+            decision = decide(slo_inputs(records, self.variants), o.load)
+            headers, rows = slo_table(records, self.variants, decision, o.load)
+        else:
+            decision = results.decide(records, self.objective)
+            headers, rows = results.table(records, self.variants, o.concurrency, self.objective,
+                                          decision)
         tuned = None
         if decision["winner"]:
             winner = next(v for v in self.variants if v.name == decision["winner"])
@@ -176,8 +234,10 @@ class Sweeper:
         self.term.line("")
         self.term.table(headers, rows)
         self.term.line("")
-        self.term.line("", ("" if decision["tie"] else "winner: " if decision["winner"]
+        self.term.line("", ("" if decision["tie"] and not o.slo else "winner: " if decision["winner"]
                             else "no winner: ") + decision["why"])
+        if o.slo and decision.get("ranges_text"):
+            self.term.line("", f"winner per load range ({slo_text(o.slo)}): {decision['ranges_text']}")
         if tuned is not None:
             self.term.line("", f"tuned profile: {tuned.path} (fab deploy --profile {tuned.path})")
         self.term.line("", f"report: {self.out / 'report.html'}; results: "
@@ -188,11 +248,14 @@ class Sweeper:
                 self.term.emit_json(r)
             self.term.emit_json({"winner": decision["winner"], "tie": decision["tie"],
                                  "second": decision["second"], "objective": decision["objective"],
+                                 **({"slo": slo_text(o.slo), "load": o.load,
+                                     "ranges": decision["ranges"],
+                                     "ranges_text": decision["ranges_text"]} if o.slo else {}),
                                  "why": decision["why"], "excluded": decision["excluded"],
                                  "tuned_profile": str(tuned.path) if tuned else None,
                                  "report": str(self.out / "report.html")})
         self._logf.close()
-        left = results.missing(self.variants, o.concurrency, records)
+        left = results.missing(self.variants, (None,) if o.slo else o.concurrency, records)
         if sweep.lost and left:
             raise HostUnreachable("host(s) lost during the sweep ("
                                   + "; ".join(f"{h}: {w}" for h, w in sweep.lost.items())
@@ -204,30 +267,36 @@ class Sweeper:
     def write_report(self, records, decision, headers, rows):
         from .htmlreport import render
         o = self.opts
+        load = [("slo", slo_text(o.slo)), ("load", o.load), ("max load", o.max_load)] if o.slo \
+            else [("concurrency", ",".join(map(str, o.concurrency)))]
         meta = [("profile", self.base.path.name), ("hosts", ", ".join(self.hosts)),
-                ("concurrency", ",".join(map(str, o.concurrency))), ("requests", o.requests),
+                *load, ("slots", o.slots), ("requests", o.requests),
                 ("max tokens", o.max_tokens), ("repeat", o.repeat), ("seed", o.seed),
                 ("written", datetime.datetime.now(datetime.timezone.utc).strftime(
                     "%Y-%m-%d %H:%M UTC"))]
         html = render(title=f"fab tune: {self.base.target.name}", records=records,
                       variants=self.variants, concurrencies=o.concurrency,
                       objective=self.objective, decision=decision, headers=headers, rows=rows,
-                      meta=meta)
+                      meta=meta, slo=o.slo, load=o.load)
         tmp = self.out / "report.html.tmp"
         tmp.write_text(html, encoding="utf-8")
         os.replace(tmp, self.out / "report.html")
 
-    def put_back(self, before, *, keep, tuned=None, stale=None):
-        """Every host back to what ran before (or the winner), in parallel, fresh connections."""
+    def put_back(self, before, *, keep, tuned=None, stale=None, slots=None):
+        """Every host back to what ran before (or the winner), in parallel, fresh connections;
+        after Ctrl-C also every slot's own deployment (`<name>-s<K>`) stopped."""
         from ..transport.agent import Host
         from ..output import report_error
-        from .hosts import put_back
+        from .hosts import put_back, stop_slot
 
         def one(name):
             host = Host(name, **self.kw)
             try:
                 what = put_back(host, self.base, before.get(name), self.log, keep=keep,
                                 tuned=tuned, stale_agent=(stale or {}).get(name))
+                for (h, k), pid in sorted((slots or {}).items()):
+                    if h == name:
+                        stop_slot(host, self.base, k, pid, self.log)
                 self.term.line(name, f"tune: {what}")
             except LlmfabError as e:
                 report_error(self.term, name, e)

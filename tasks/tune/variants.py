@@ -11,8 +11,8 @@ profile like any other:
   [server.args] a table-valued flag (speculative-config) is written whole, since a child's
   table replaces the parent's; a flag written as a JSON string becomes the same table.
 * `--profiles a.toml`: a file that `extends` a.toml.
-* `--baseline`: the original's merged profile without its speculative flags (every
-  `speculative*` flag of [server.args]); `extends` cannot remove a key, so this one file
+* `--baseline`: the original's merged profile without its speculative flags (every flag
+  tasks/profile/serverargs.py names speculative); `extends` cannot remove a key, so this one file
   stands alone.
 
 Every variant file also pins [target] name to the original's, so all variants are
@@ -28,6 +28,7 @@ from pathlib import Path
 from ..errors import LlmfabError, UsageError
 from ..profile import load_profile, tomllib
 from ..profile.args import flag_key
+from ..profile.serverargs import is_speculative_flag
 from ..profile.toml_text import dumps, value as toml_value
 
 MAX_VARIANTS = 32
@@ -222,10 +223,11 @@ def _put(tree, path, val):
 
 
 def without_speculation(data):
-    """The merged profile with no speculative flag in [server.args] (the baseline)."""
+    """The merged profile with no speculative flag in [server.args] (the baseline): every flag
+    tasks/profile/serverargs.py names speculative, in any spelling."""
     tree = copy.deepcopy(data)
     args = tree.get("server", {}).get("args", {})
-    for k in [k for k in args if flag_key(k).split(".")[0].startswith("speculative")]:
+    for k in [k for k in args if is_speculative_flag(k)]:
         del args[k]
     tree.setdefault("target", {})
     return tree

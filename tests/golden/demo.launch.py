@@ -85,8 +85,9 @@ def _reaper(here, env, report_fd):
                 ARGV, cwd=here, env=env, stdin=subprocess.DEVNULL,
                 stdout=log, stderr=subprocess.STDOUT, close_fds=True,
             )
-    except OSError as e:
-        os.write(report_fd, json.dumps({"error": "cannot start %r: %s" % (ARGV[0], e)}).encode())
+    except OSError as e:  # exec failed (EACCES, ENOENT, E2BIG, ...): llmfab records why
+        os.write(report_fd, json.dumps({"error": "cannot start %s: %s" % (ARGV[0], e.strerror),
+                                         "errno": e.errno, "argv0": ARGV[0]}).encode())
         os._exit(1)
     os.write(report_fd, json.dumps({"pid": proc.pid}).encode())
     os.close(report_fd)

@@ -82,7 +82,7 @@ def test_bench_reports_acceptance_over_its_window_only(lab, spec_profile, tmp_pa
                 "--prompts", prompts, profile=spec_profile)
     assert r.returncode == 0, r.stderr
     [rec] = _json_lines(r.stdout)
-    assert list(rec) == ["host", "requests", "errors", "duration_s", "requests_per_s",
+    assert list(rec) == ["host", "ok", "requests", "errors", "duration_s", "requests_per_s",
                          "output_tokens_per_s", "ttft_ms", "itl_ms", "spec", "tpot_ms", "server_ms"]
     assert 0 < rec["tpot_ms"]["p50"] <= rec["tpot_ms"]["p90"]
     # The stand-in's /metrics has vLLM's TTFT histogram but not its TPOT one.

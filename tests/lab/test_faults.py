@@ -142,7 +142,8 @@ def test_never_ready_exits_1_at_the_timeout_leaves_it_running_unless_stop_on_tim
         assert "fab stop" in out
         assert host_pid_alive(lab, host, server["pid"])
 
-        r = fab(lab, "deploy", "--timeout", "2", "--stop-on-timeout", profile=prof, code=1)
+        # --no-restore: the release it stopped first is not put back (that is test_unexpected.py's)
+        r = fab(lab, "deploy", "--timeout", "2", "--stop-on-timeout", "--no-restore", profile=prof, code=1)
         second = server_record(lab, host, name)
         assert second["release"] != server["release"]
         assert "not ready after 2 s" in r.stdout and "stopped it (--stop-on-timeout)" in r.stdout, r.stdout

@@ -110,11 +110,11 @@ def test_kill9_is_restarted_ready_again_one_restart_and_both_attempts_logged(lab
     assert rec["attempt"] == 1 and rec["signal"] == "SIGKILL"
     log = (release(lab, name) / "server.log").read_text()
     markers = [line for line in log.splitlines() if line.startswith("--- llmfab: restart")]
-    assert len(markers) == 1 and "restart 1 of the server (previous attempt: signal SIGKILL) at " in markers[0]
+    assert len(markers) == 1 and "restart 1 of the server (previous attempt: killed by SIGKILL) at " in markers[0]
     assert log.count("Application startup complete.") == 2
     assert log.index("Application startup complete.") < log.index(markers[0])
     human = fab(lab, "status", profile=prof).stdout
-    assert "supervisor: restart on-failure, 1 restart, running" in human and "signal SIGKILL" in human
+    assert "supervisor: restart on-failure, 1 restart, running" in human and "killed by SIGKILL" in human
     fab(lab, "stop", profile=prof)
 
 
@@ -134,7 +134,7 @@ def test_a_server_that_always_fails_gives_up_after_max_restarts_naming_the_loop_
     assert "fatal line: " in flat(r.stdout) and "CUDA out of memory" in flat(r.stdout)
     log = (release(lab, name) / "server.log").read_text()
     assert log.count("--- llmfab: restart") == 2 and log.count("CUDA out of memory") >= 3
-    assert "--- llmfab: restart 2 of the server (previous attempt: exit status 1, cuda-oom) at " in log
+    assert "--- llmfab: restart 2 of the server (previous attempt: exited with status 1, cuda-oom) at " in log
     assert st["supervisor"]["last"]["rule"] == "cuda-oom"
     fab(lab, "stop", profile=prof)
 

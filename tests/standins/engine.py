@@ -21,6 +21,9 @@ Knobs (environment variables, set by tests through the profile's [server.env]):
     STANDIN_TOKENS_PER_S   generation speed per request (200)
     STANDIN_DRAFT_COST     a drafted token costs this share of a target step (unset: every
                            token costs the same, so speculative settings do not change speed)
+    STANDIN_BATCH_COST     each other running request adds this share of a target step x
+                           (1 + k) to every step (unset: requests do not slow each other), so
+                           latency grows with concurrency by a known curve (`fab tune --slo`)
     STANDIN_ACCEPT_FALLS   1: acceptance falls with the draft position (position i accepted
                            in rate ** (i + 1) of the steps), so each k has its own speed and
                            some k is fastest (`fab tune` tests)
@@ -71,6 +74,8 @@ class Knobs:
         self.tokens_per_s = float(env.get("STANDIN_TOKENS_PER_S", "200"))
         cost = env.get("STANDIN_DRAFT_COST")
         self.draft_cost = float(cost) if cost else None
+        batch = env.get("STANDIN_BATCH_COST")
+        self.batch_cost = float(batch) if batch else None
         self.accept_falls = env.get("STANDIN_ACCEPT_FALLS") == "1"
         self.log_interval = float(env.get("STANDIN_LOG_INTERVAL", "10"))
         self.events_file = env.get("STANDIN_EVENTS_FILE") or None
@@ -326,7 +331,7 @@ def new_engine(served_names, knobs, spec_k, *, prefix="vllm"):
     spec = http.SpecDecodeSim(spec_k, knobs.accept_rate, knobs.accept_falls) if spec_k else None
     metrics = http.Metrics(served_names[0], spec=spec, prefix=prefix)
     return http.Engine(metrics, tokens_per_s=knobs.tokens_per_s, spec=spec,
-                       draft_cost=knobs.draft_cost)
+                       draft_cost=knobs.draft_cost, batch_cost=knobs.batch_cost)
 
 
 # ---------------------------------------------------------------------------------------

@@ -75,8 +75,8 @@ class Drafter:
 
     def runner(self):
         env = os.environ.get("VLLM_USE_V2_MODEL_RUNNER")
-        if env in ("0", "1"):
-            return "v2" if env == "1" else "v1"
+        if env is not None:  # vLLM's bool(int(value)) (vllm/envs.py): "true" stops it with ValueError
+            return "v2" if int(env) else "v1"
         v = version()
         if self.method == "dflash" and self.mixed and v >= (0, 26, 0):
             return "v2"

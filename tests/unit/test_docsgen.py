@@ -170,3 +170,83 @@ def test_every_local_link_resolves(page):
             continue
         path = target.split("#")[0]
         assert (page.parent / path).exists(), f"{page.relative_to(ROOT)} links to missing {target}"
+
+
+CHANGELOG_LIMIT = 8 * 1024
+# Keep a Changelog (keepachangelog.com 1.1.0): "## [Unreleased]", then released versions newest
+# first as "## [X.Y.Z] - YYYY-MM-DD", each with "### <type>" sections of "- " entries.
+CHANGE_TYPES = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security")
+VERSION_HEADING = re.compile(r"## \[(\d+)\.(\d+)\.(\d+)\] - (\d{4}-\d{2}-\d{2})$")
+ENTRY_LIMIT = 320  # characters of one entry: a line or two, not a story
+
+
+def _changelog():
+    return (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+
+
+def test_the_changelog_is_at_most_8_kb():
+    size = len((ROOT / "CHANGELOG.md").read_bytes())
+    assert size <= CHANGELOG_LIMIT, (
+        f"CHANGELOG.md is {size} bytes (limit {CHANGELOG_LIMIT}): shorten entries to one line")
+
+
+def _changelog_sections(text):
+    """[(heading, [(type, [entry, ...]), ...]), ...] for each "## " section of the changelog."""
+    sections = []
+    for block in text.split("\n## ")[1:]:
+        heading, _, body = block.partition("\n")
+        types = []
+        for part in body.split("\n### ")[1:]:
+            kind, _, entries = part.partition("\n")
+            items = [e.strip() for e in re.split(r"^- ", entries, flags=re.M)[1:]]
+            stray = re.split(r"^- ", entries, flags=re.M)[0].strip()
+            assert not stray, f"CHANGELOG.md: text outside an entry under {heading} / {kind}"
+            types.append((kind.strip(), items))
+        assert not body.split("\n### ")[0].strip(), f"CHANGELOG.md: {heading} has text before its first ###"
+        sections.append(("## " + heading.strip(), types))
+    return sections
+
+
+def test_the_changelog_has_the_keep_a_changelog_shape():
+    sections = _changelog_sections(_changelog())
+    assert sections[0][0] == "## [Unreleased]", "CHANGELOG.md must start with ## [Unreleased]"
+    released = []
+    for heading, types in sections[1:]:
+        match = VERSION_HEADING.match(heading)
+        assert match, f"CHANGELOG.md: {heading!r} is not '## [X.Y.Z] - YYYY-MM-DD'"
+        released.append((tuple(int(n) for n in match.groups()[:3]), match.group(4)))
+        assert types, f"CHANGELOG.md: {heading} has no entries"
+    assert released == sorted(released, reverse=True), "CHANGELOG.md: versions must be newest first"
+    for heading, types in sections:
+        for kind, entries in types:
+            assert kind in CHANGE_TYPES, f"CHANGELOG.md: '### {kind}' under {heading}: use one of {CHANGE_TYPES}"
+            assert entries or heading == "## [Unreleased]", f"CHANGELOG.md: {heading} / {kind} is empty"
+            for entry in entries:
+                assert len(" ".join(entry.split())) <= ENTRY_LIMIT, (
+                    f"CHANGELOG.md: an entry under {heading} / {kind} is over {ENTRY_LIMIT} "
+                    f"characters: {entry[:60]}...")
+        kinds = [kind for kind, _ in types]
+        assert len(kinds) == len(set(kinds)), f"CHANGELOG.md: {heading} repeats a ### heading"
+
+
+def test_the_newest_release_is_the_package_version():
+    newest = VERSION_HEADING.match(_changelog_sections(_changelog())[1][0])
+    version = re.search(r"^version = (\S+)$", (ROOT / "setup.cfg").read_text(), re.M).group(1)
+    assert version == ".".join(newest.groups()[:3]), (
+        f"setup.cfg's version {version} is not CHANGELOG.md's newest release")
+
+
+# Sentences that were false for a user: files only the authors had, modules renamed away,
+# notes about the authors' branches. The project stands alone: it cites its own docs or the
+# engine's source instead.
+STALE_WORDS = ("DESIGN.md", "DOMAIN.md", "agentpayload", "not on main yet", "the coordinator fills")
+
+
+def test_no_file_cites_what_users_do_not_have():
+    tracked = [ROOT / "README.md"] + [p for d in ("tasks", "docs", "tests", "configs", "benchmarks")
+                                      for p in (ROOT / d).rglob("*")
+                                      if p.is_file() and p.suffix in (".py", ".md", ".toml", ".txt")]
+    this = Path(__file__).resolve()
+    found = [f"{p.relative_to(ROOT)}: {w}" for p in tracked if p.resolve() != this
+             for w in STALE_WORDS if w in p.read_text(encoding="utf-8", errors="replace")]
+    assert found == []

@@ -1,4 +1,4 @@
-"""The live verdict (DESIGN.md thresholds), likely-cause order, and bench --repeat / --compare."""
+"""The live verdict (docs/doctor.md thresholds), likely-cause order, and bench --repeat / --compare."""
 import pytest
 
 from tasks.measure import repeats as benchrepeat, metrics

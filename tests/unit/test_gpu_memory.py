@@ -5,10 +5,10 @@ an nvidia-smi that replays recorded outputs (tests/fixtures/nvidia-smi).
 """
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from tasks.errors import UsageError
+from tasks.profile import load_profile
 from tasks.options import KillGpuProcsOptions
 
 from tasks import kill_gpu_procs as gpucmd
@@ -31,8 +31,15 @@ def test_bad_gpu_list_is_exit_2(text):
     assert e.value.code == 2 and "--gpus" in e.value.message
 
 
-def fake_profile(devices=None, env=()):
-    return SimpleNamespace(gpu=SimpleNamespace(devices=devices), plain_env=lambda: dict(env))
+def profile_with(tmp_path, devices=None, env=()):
+    """A real profile: [gpu] devices and [server.env] as given."""
+    lines = ['[server]', 'engine = "vllm"', 'model = "/m"', '[server.env]']
+    lines += [f'{k} = "{v}"' for k, v in dict(env).items()]
+    if devices is not None:
+        lines += ['[gpu]', f'devices = {list(devices)}']
+    path = tmp_path / "p.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return load_profile(path, environ={})
 
 
 @pytest.mark.parametrize("devices,env,expected", [
@@ -41,12 +48,12 @@ def fake_profile(devices=None, env=()):
     (None, {"CUDA_VISIBLE_DEVICES": "GPU-5f2c"}, None),  # a UUID: all GPUs, not a guess
     (None, {}, None),
 ])
-def test_profile_devices(devices, env, expected):
-    assert gpuwait.profile_devices(fake_profile(devices, env)) == expected
+def test_profile_devices(tmp_path, devices, env, expected):
+    assert profile_with(tmp_path, devices, env).devices == expected
 
 
-def test_selection_flags():
-    prof = fake_profile((1,))
+def test_selection_flags(tmp_path):
+    prof = profile_with(tmp_path, (1,))
     opts = KillGpuProcsOptions.from_flags
     assert gpucmd.selection(opts(), prof) == [1]
     assert gpucmd.selection(opts(all=True), prof) is None

@@ -34,7 +34,7 @@ AGENT = textwrap.dedent("""
     try:
         out = launch.op_launch({"deploy_dir": sys.argv[3], "release": "r1", "python": sys.argv[4]})
     except Exception as e:
-        out = {"error": str(e), "kind": getattr(e, "kind", None)}
+        out = {"error": str(e), "kind": getattr(e, "kind", None), "data": getattr(e, "data", None)}
     print(json.dumps(out))
 """)
 
@@ -113,7 +113,10 @@ def test_a_server_that_cannot_start_is_launch_failed(tmp_path):
     _release(tmp_path, ["/nonexistent/server"])
     out = _agent(tmp_path, PYTHON)
     assert out["kind"] == "launch_failed"
-    assert out["error"].startswith("cannot start '/nonexistent/server'"), out
+    assert out["error"].startswith("/nonexistent/server does not exist on the host"), out
+    assert out["data"]["rule"] == "cannot-exec" and out["data"]["errno"] == "ENOENT", out
+    failed = json.loads((tmp_path / "d" / "releases" / "r1" / "start-failed.json").read_text())
+    assert failed["rule"] == "cannot-exec" and failed["cause"] == out["error"], failed
 
 
 @pytest.mark.parametrize("text, start, error", [

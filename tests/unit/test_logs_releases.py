@@ -188,12 +188,12 @@ def test_prune_keeps_newest_n(tmp_path):
 
 def test_describe_end():
     assert describe_end({"running": True, "pid": 7}) == "running (pid 7)"
-    assert describe_end({"exit": {"returncode": 0}}) == "exited 0"
-    assert describe_end({"exit": {"returncode": 3}}) == "exited 3"
+    assert describe_end({"exit": {"returncode": 0}}) == "exited with status 0"
+    assert describe_end({"exit": {"returncode": 3}}) == "exited with status 3"
     assert describe_end({"exit": {"returncode": -15}}) == "killed by SIGTERM"
     assert describe_end({"exit": {"returncode": -9}}) == "killed by SIGKILL"
     assert describe_end({"exit": {"returncode": 1, "stopped": {"by": "fab stop", "pid": 7}}}) \
-        == "stopped by fab stop: exited 1"  # however it exited while stopping: not a failure
+        == "stopped by fab stop: exited with status 1"  # however it exited while stopping: not a failure
     assert describe_end({"log_bytes": None}) == "never started"
     assert describe_end({"log_bytes": 10}) == "gone (no exit record)"
 

@@ -40,7 +40,7 @@ def test_the_real_sigterm_stop_log_reads_as_a_crash_without_the_stop_record():
     assert explain_dead(host, None, "/d", server, {"returncode": 0}).rule == "engine-dead"
     stopped = {"returncode": 0, "stopped": {"by": "fab stop", "pid": 27227, "at": "2026-12-01T23:25:48+00:00"}}
     assert explain_dead(host, None, "/d", server, stopped) is None
-    assert describe_end({"exit": stopped}) == "stopped by fab stop: exited 0"
+    assert describe_end({"exit": stopped}) == "stopped by fab stop: exited with status 0"
 
 
 def test_the_real_enginecore_kill_is_still_a_failure():

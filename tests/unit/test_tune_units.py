@@ -76,6 +76,21 @@ def test_vary_writes_the_whole_flag_into_a_file_that_extends_the_original(tmp_pa
     assert again.target.name == "m"
 
 
+@pytest.mark.parametrize("spec", [
+    "num-speculative-tokens = 2",                 # vLLM before --speculative-config
+    "num_speculative_tokens = 2",
+    'spec-method = "ngram"\nspec-tokens = 2',     # vLLM 0.32's shortcut flags
+    'sc = { method = "ngram", num_speculative_tokens = 2 }',  # the -sc alias
+    '"speculative-config.method" = "ngram"\n"speculative-config.num_speculative_tokens" = 2',
+    'speculative-algorithm = "EAGLE"\nspeculative-num-steps = 3',  # SGLang
+    "ngram-prompt-lookup-max = 4",
+])
+def test_the_baseline_keeps_no_speculative_flag_in_any_spelling(tmp_path, spec):
+    base = base_profile(tmp_path, spec)
+    baseline = variants.build(base, vary=[], profiles=(), baseline=True, out=tmp_path / "o")[-1]
+    assert [k for k, _ in baseline.profile.server.args] == ["max-num-seqs"]
+
+
 def test_vary_keys_that_cannot_be_set_name_the_variant_and_key(tmp_path):
     base = base_profile(tmp_path)
 
@@ -165,3 +180,17 @@ def test_the_stand_in_drafters_acceptance_falls_by_position():
     for _ in range(100):
         flat.step()
     assert flat.snapshot()["accepted"] == 200  # the default model is unchanged
+
+
+def test_without_out_a_sweep_writes_into_the_state_directory_not_the_current_one(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+    from tasks.tune.task import _out_dir
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    base = SimpleNamespace(target=SimpleNamespace(name="qwen"))
+    out, fresh = _out_dir(SimpleNamespace(resume=None, out=None), base)
+    assert fresh and out.parent == tmp_path / "state" / "llmfab" / "tune", out
+    assert out.name.startswith("qwen-")
+    monkeypatch.delenv("XDG_STATE_HOME")
+    out, _ = _out_dir(SimpleNamespace(resume=None, out=None), base)
+    assert out.parent == Path.home() / ".local" / "state" / "llmfab" / "tune"

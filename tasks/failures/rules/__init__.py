@@ -14,7 +14,25 @@ EXITED = Rule(
     "{exit_fix}",
 )
 
-RULES = tuple(sorted(engine.RULES + runtime.RULES + (EXITED,), key=lambda r: -r.priority))
+# A server that could not even be started has no log to match: the host says why
+# (tasks/hostside/launch.py EXEC_FAILURES, in its own words for each errno) and records it in
+# the release (start-failed.json). These rows name the two kinds for the reference table.
+CANNOT_EXEC = Rule(
+    "cannot-exec", "the server's command could not be executed", 0,
+    "exec of the server's command failed: not executable (EACCES), not there (ENOENT), argv "
+    "and environment too long (E2BIG), not a program (ENOEXEC)",
+    "make the command executable / install it / shorten [server.args] and [server.env], as "
+    "the message names",
+)
+LAUNCHER_FAILED = Rule(
+    "launcher-failed", "launch.py itself could not run or died", 0,
+    "the release's launch.py did not report a started server: its interpreter cannot run, it "
+    "crashed or was killed (e.g. by SIGKILL), or it did not return in time",
+    "run it by hand on the host (`<python> <release>/launch.py`) to see why",
+)
+
+RULES = tuple(sorted(engine.RULES + runtime.RULES + (EXITED, CANNOT_EXEC, LAUNCHER_FAILED),
+                     key=lambda r: -r.priority))
 BY_ID = {r.id: r for r in RULES}
 if len(BY_ID) != len(RULES):
     raise RuntimeError("duplicate failure rule id in tasks/failures/rules")

@@ -1,4 +1,4 @@
-"""report.html of `fab tune` in a real browser: Debian's headless Chromium renders the charts,
+"""report.html of `fab tune` in a real browser (in lab/, not unit/: it starts Chromium): Debian's headless Chromium renders the charts,
 and the page makes no network request.
 
 How "no request" is proven, in a way that can fail: Chromium writes every request it starts
@@ -19,8 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks.tune import htmlreport, results
+from tasks.tune import htmlreport, results, slo
+from tasks.tune.tables import slo_inputs, slo_table
 from tasks.tune.variants import Variant
+
+pytestmark = pytest.mark.e2e  # a real browser, like the lab's real processes (tests/README.md)
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -161,6 +164,73 @@ def test_the_report_renders_its_charts_with_no_network_request(tmp_path):
     for i in range(4):  # each variant's colour is drawn (lines, points, bars, legend)
         assert pixels.get(rgb(htmlreport.color(i)), 0) > 50, (i, htmlreport.color(i))
     print(f"\nscreenshot of report.html: {png}")
+    keep = os.environ.get("LLMFAB_ARTIFACTS")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, Path(keep) / png.name)
+
+
+def slo_sweep(shape):
+    """Records of a sweep under --slo: 'two' variants with their points, 'one' variant with one
+    point, or 'empty' (nothing measured)."""
+    def pt(load, tps, tpot, meets):
+        run = {"requests": 8, "errors": 0, "duration_s": 1.0, "requests_per_s": 8.0,
+               "output_tokens_per_s": tps, "ttft_ms": {"p50": 20, "p90": 25},
+               "itl_ms": {"p50": 5.0, "p90": 6.0}, "tpot_ms": {"p50": tpot, "p90": tpot * 1.1},
+               "spec": None}
+        rec = results.measured("x", {}, "h1", "r1", load, [run, dict(run), dict(run)])
+        sc, med, mad = slo.score([tps] * 3)
+        rec.update(load=load, meets=meets, misses=[], score=sc, median=med, mad=mad, noisy=False,
+                   remeasured=False, runs_slo_ms=[{"tpot_p50": tpot}] * 3)
+        return rec
+
+    def variant(name, k, pts, cap):
+        at = next((p for p in pts if p["load"] == cap), None)
+        return {"variant": name, "settings": {}, "host": "h1", "release": "r", "concurrency": None,
+                "status": "measured", "load_kind": "concurrency", "slo": {"tpot_p50": 40.0},
+                "capacity": cap, "goodput": at["score"] if at else None, "step": 0, "k": k,
+                "broken": False, "spec": None, "points": pts}
+    names = {"two": [("k=4", 4), ("baseline", None)], "one": [("k=2", 2)], "empty": [("k=2", 2)]}[shape]
+    variants = [Variant(i, n, {"k": k}, Path(f"0{i}.toml"), None, {}, None) for i, (n, k) in enumerate(names, 1)]
+    if shape == "two":
+        recs = [variant("k=4", 4, [pt(1, 90, 11, True), pt(4, 300, 13, True), pt(16, 700, 45, False),
+                                   pt(10, 620, 38, True), pt(13, 660, 42, False)], 10),
+                variant("baseline", None, [pt(1, 50, 20, True), pt(4, 190, 21, True), pt(16, 700, 36, True),
+                                           pt(64, 900, 70, False), pt(40, 850, 41, False)], 16)]
+    elif shape == "one":
+        recs = [variant("k=2", 2, [pt(1, 80, 12, True)], 1)]
+    else:
+        recs = []
+    return variants, recs
+
+
+@pytest.mark.parametrize("shape", ["two", "one", "empty"])
+def test_the_slo_report_renders_curves_bounds_and_the_front_with_no_network_request(tmp_path, shape):
+    variants, recs = slo_sweep(shape)
+    bounds = slo.parse_slo("tpot_p50<=40")
+    decision = slo.decide(slo_inputs(recs, variants), "concurrency")
+    headers, rows = slo_table(recs, variants, decision, "concurrency")
+    html = htmlreport.render(title=f"fab tune --slo: {shape}", records=recs, variants=variants,
+                             concurrencies=(1,), objective=("goodput", None), decision=decision,
+                             headers=headers, rows=rows, meta=[("slo", "tpot_p50<=40")],
+                             slo=bounds, load="concurrency")
+    page = tmp_path / f"slo-{shape}.html"
+    page.write_text(html)
+    seen, png = run_chromium(page, tmp_path, shot=f"tune-slo-report-{shape}.png")
+    assert seen == [], seen
+    pixels = png_pixels(png)
+    bound_red = rgb("#b00020")  # the bound line: a colour no variant has
+    if shape == "empty":
+        assert "<svg" not in html and "nothing was measured" in html.lower() or "no variant was measured" in html.lower()
+    else:
+        assert html.count("<svg") == 3  # goodput, the bound's curve, the Pareto chart
+        assert "bound 40 ms" in html and "Pareto front" in html
+        assert pixels.get(bound_red, 0) > 100  # the dashed bound is drawn
+        for i in range(len(variants)):
+            assert pixels.get(rgb(htmlreport.color(i)), 0) > 50, i
+    if shape == "two":
+        assert decision["ranges_text"] == "k=4 up to concurrency 10, baseline to 16, none meets the bounds from 40 on"
+        assert "Winner per load range" in html
     keep = os.environ.get("LLMFAB_ARTIFACTS")
     if keep:
         Path(keep).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,111 @@
+"""Ctrl-C that never leaves a host half-way, and the words for where it left each host.
+
+A request that changes a host (stop a release, launch one) runs to its end on the host
+whatever the client does: the agent finishes it, then sees its connection gone. So the
+client waits for its answer too (`changing()`), and only then leaves: it can say where
+each host is. A Ctrl-C while nothing changes leaves at once (reading, waiting for
+readiness). A second Ctrl-C leaves at once whatever runs; the words say what was in flight.
+
+Tasks that change hosts keep one `Spot` per host (what ran before, the release being brought
+up, the step reached); `left_lines` turns them into the last lines of an interrupted run:
+per host, old release, new one, or stopped, and the command that restores it.
+"""
+import contextlib
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+NOTE = ("\nCtrl-C: waiting for the step in flight on the host(s) (a stop or a launch) to finish, "
+        "so each ends on a known release; Ctrl-C again to leave now\n")
+
+
+class CtrlC:
+    """SIGINT, deferred while a host is being changed (see the module docstring)."""
+
+    def __init__(self):
+        self._lock = threading.RLock()  # the handler may run while this thread holds it
+        self.pressed = False
+        self.busy = 0
+
+    def handler(self, signum, frame):
+        with self._lock:
+            again, busy = self.pressed, self.busy
+            self.pressed = True
+        if again or not busy:
+            raise KeyboardInterrupt
+        try:
+            os.write(sys.stderr.fileno(), NOTE.encode())
+        except (OSError, ValueError):
+            pass
+
+    @contextlib.contextmanager
+    def changing(self):
+        with self._lock:
+            if self.pressed:  # never start changing a host once Ctrl-C was pressed
+                raise KeyboardInterrupt
+            self.busy += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.busy -= 1
+        if self.pressed:
+            raise KeyboardInterrupt
+
+    def settle(self, wait):
+        """After Ctrl-C reached the main thread: no host starts changing any more; wait
+        (`wait(predicate)`) until none is being changed. False if a second Ctrl-C cut it short."""
+        with self._lock:
+            self.pressed = True
+        try:
+            wait(lambda: self.busy == 0)
+            return True
+        except KeyboardInterrupt:
+            return False
+
+
+CTRL_C = CtrlC()
+
+
+def changing():
+    """Around a request that changes a host: a Ctrl-C meanwhile waits for its answer."""
+    return CTRL_C.changing()
+
+
+@dataclass
+class Spot:
+    """Where one host is in a task that changes it."""
+    old: Optional[str] = None       # the release that ran when the task began (None: nothing)
+    new: Optional[str] = None       # the release being brought up (deploy: new; rollback: the older one)
+    step: str = "untouched"         # untouched | stopping | stopped | launching | launched
+    pid: Optional[int] = None
+
+
+def left_line(spot, hint):
+    """The last line for one interrupted host: where it is, and the command that restores it.
+    `hint(task)` is the exact `fab TASK --profile ...`."""
+    old, new, step = spot.old, spot.new, spot.step
+    back = f"restore it with `{hint(f'rollback --release {old}')}`" if old else ""
+    if step == "untouched":
+        return (f"interrupted: still on release {old}, as before (nothing was changed)" if old else
+                "interrupted: nothing ran here and nothing was launched (nothing was changed)")
+    if step in ("stopping", "stopped"):
+        how = "is being stopped (the host finishes the stop)" if step == "stopping" else "was stopped"
+        what = f"release {old} {how}" if old else "nothing ran"
+        launched = f" and {new} was not launched" if new else ""
+        return f"interrupted: stopped: {what}{launched}; " + (back or "nothing to restore")
+    if step == "launching":
+        now = f"release {new} is being launched (the host finishes the launch) and keeps running"
+    else:
+        now = (f"release {new} (pid {spot.pid}) keeps running (launched by this task, not waited "
+               "for until ready)")
+    return f"interrupted: {now}; " + (
+        f"go back to {old} with `{hint(f'rollback --release {old}')}`" if old and old != new
+        else f"stop it with `{hint('stop')}`")
+
+
+def left_lines(spots, hint):
+    """[(host, line)] for every host a task had begun to change."""
+    return [(h, left_line(s, hint)) for h, s in list(spots.items())]
