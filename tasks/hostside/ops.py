@@ -62,8 +62,12 @@ OPS = {
     # weights (fab pull)
     "weights_plan": OpInfo("weights", "op_weights_plan", "which model files are present and verified, "
                                                          "which partial; bytes needed and free"),
-    "weights_prepare": OpInfo("weights", "op_weights_prepare", "create a model directory and its subdirectories"),
-    "weights_commit": OpInfo("weights", "op_weights_commit", "verify a received file (size, sha256), rename it into place"),
+    "weights_prepare": OpInfo("weights", "op_weights_prepare", "create the model directories, install "
+                                                               "the receiver, drop stale pull keys"),
+    "weights_grant": OpInfo("weights", "op_weights_grant", "authorise the pull's key from its hosts "
+                                                           "only, as the receiver, with an expiry"),
+    "weights_revoke": OpInfo("weights", "op_weights_revoke", "remove what a pull authorised here"),
+    "weights_send": OpInfo("weights", "op_weights_send", "stream a verified file to another host over SSH"),
     "weights_manifest": OpInfo("weights", "op_weights_manifest", "write manifest.json beside the weights"),
     # Ray clusters
     "ray_address": OpInfo("ray_node", "op_ray_address", "the head node's address"),
