@@ -8,7 +8,11 @@ fab bench with random token ids, fab bench with vLLM's own RandomDataset prompts
 to a --prompts file by vLLM's code), vllm bench serve; then 3 rounds at concurrency 1 (16
 requests) of fab bench (ids) and vllm bench serve, alternating. Each with the server's own
 TTFT/TPOT means over its window (the histograms of /metrics)."""
-import json, os, subprocess, sys, tempfile, time
+import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vllm_bench_compare as C
@@ -43,7 +47,6 @@ def main():
                     A.concurrency = conc
                     A.num_prompts = 64 if conc == 4 else 16
                     before = C.server_histograms(port)
-                    t0 = time.monotonic()
                     if tool == "fab-ids":
                         res = C.run_fab(profile, A)
                     elif tool == "fab-text":

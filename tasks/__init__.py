@@ -8,6 +8,8 @@ from invoke import Collection
 
 from . import cli
 from .fleet.executor import exit_2_on_bad_arguments
+from .output import quiet_on_closed_pipe
 
 ns = Collection.from_module(cli)
 exit_2_on_bad_arguments()
+quiet_on_closed_pipe()  # `fab --list | head -1`: no traceback (tasks/output.py)

@@ -17,6 +17,7 @@ are counter deltas over the bench alone. `--compare A.json,B.json` prints two sa
 import json
 from pathlib import Path
 
+from .doctor.sampling import PROBE_REQUESTS, window_sampling
 from .measure import bench_stats, metrics, workload
 from .fleet.runner import load, run_task
 from .errors import ExitCode, OperationFailed, UsageError
@@ -56,12 +57,31 @@ def read_prompts(path):
     return items
 
 
+# What a bench run was asked to do, in its --json record: runs compare only when these agree.
+SETTINGS = ("concurrency", "max_tokens", "temperature", "ignore_eos", "random_input_len", "seed",
+            "prompts", "release")
+
+
+def settings(opts, release):
+    """The SETTINGS of this run (`temperature` None: the server's default sampling)."""
+    values = {k: getattr(opts, k, None) for k in SETTINGS if k != "release"}
+    values["ignore_eos"] = bool(values["ignore_eos"])
+    values["prompts"] = str(values["prompts"]) if values["prompts"] else None
+    return dict(values, release=release)
+
+
 def compare(paths):
-    """`--compare A.json,B.json`: the two saved runs side by side."""
+    """`--compare A.json,B.json`: the two saved runs side by side, with a warning naming each
+    setting in which they differ (a run saved before settings were recorded: not known)."""
     columns = bench_stats.read_runs(paths[0]) + bench_stats.read_runs(paths[1])
     headers, rows = bench_stats.compare_table(columns)
     from .output import Reporter
     rep = Reporter()
+    differ = [k for k in SETTINGS if k != "release" and len({repr(r.get(k)) for _, r in columns}) > 1]
+    if differ:
+        rep.line(None, "warning: these runs were not made alike: " + "; ".join(
+            f"{k} " + " vs ".join(f"{'not recorded' if k not in r else r[k]} ({label})" for label, r in columns)
+            for k in differ))
     rep.table(headers, rows)
     if len(columns) == 2:  # A/B that decides (tasks/measure/repeats.py)
         from .measure.repeats import verdict_line
@@ -102,9 +122,28 @@ def measure_once(host, profile, reporter, port, prompts, req, server, ddir):
         reporter.line(host.name, f"/metrics unreadable: {e}")
         spec = None
     rec = bench_stats.record(host.name, raw, spec)
+    # the request's sampling; the server's default is known from the doctor's answer below
+    rec["sampling"] = window_sampling(req.get("sampling"), {"temperature": None, "source": "server default"})
     if rec["spec"] is not None:  # the doctor's verdict over this window (tasks/doctor/findings.py)
         from .doctor.findings import bench_verdict
-        rec["_verdict_lines"] = bench_verdict(host, profile, ddir, server.get("release"), raw, spec, rec["spec"])
+
+        def probe():  # a short greedy run, only when the rule table needs greedy evidence
+            greedy = dict(req, requests=PROBE_REQUESTS,
+                          sampling=dict(req.get("sampling") or {}, temperature=0))
+            p_raw = host.call("bench", port=port, host=profile.server.host, engine=engine,
+                              model=profile.served_name, models_path=profile.ready.models_path,
+                              api_key=profile.api_key, prompts=prompts, **greedy)
+            _settle(host, profile, port, p_raw,
+                    sum(s["output_tokens"] for s in p_raw["samples"] if s["ok"]))
+            try:
+                return bench_stats.window_spec(p_raw, engine), PROBE_REQUESTS
+            except ValueError:
+                return None, PROBE_REQUESTS
+
+        text, more, rec["sampling"] = bench_verdict(host, profile, ddir, server.get("release"), raw,
+                                                    spec, rec["spec"], req.get("sampling"),
+                                                    probe if engine == "vllm" else None)
+        rec["_verdict_lines"] = (text, more)
     return rec, raw
 
 
@@ -158,8 +197,9 @@ def bench(c, opts):
             rec = summarize(runs)
             reporter.lines(host.name, [indented(t, 2) for t in repeat_lines(rec)])
         failed = rec["errors"] == rec["requests"]
-        if json_mode:
-            reporter.emit_json(dict({"host": rec["host"], "ok": not failed}, **rec))
+        if json_mode:  # the settings last: `--compare` warns when two runs' differ
+            reporter.emit_json(dict({"host": rec["host"], "ok": not failed}, **rec,
+                                    **settings(opts, server.get("release"))))
         summary = (f"{rec['requests_per_s'] or 0:.2f} req/s, {rec['output_tokens_per_s'] or 0:.1f} "
                    f"tok/s" + (f", {rec['errors']} errors" if rec["errors"] else ""))
         return HostResult(host.name, ExitCode.FAILED if failed else 0,

@@ -11,7 +11,7 @@ exit code, and nowhere else.
 import importlib
 from collections import namedtuple
 
-from invoke import task
+from invoke import Task, task
 from invoke.exceptions import Exit
 
 from .errors import LlmfabError
@@ -66,13 +66,32 @@ COMMON = {
 }
 
 
+# Short flags: one letter means one flag in every task, and none is a letter Fabric's core
+# options take (`fab --help`: -c -d -D -e -f -F -h -H -i -l -p -r -R -S -t -T -V -w), which
+# would read differently before and after the task name. Every other flag is long-only
+# (Invoke would otherwise give each flag the first free letter of its name, task by task).
+SHORT_FLAGS = {"json": "j", "dry-run": "n", "vary": "v"}
+
+
+class _Task(Task):
+    """An Invoke task whose flags take their short form from SHORT_FLAGS only."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        short = SHORT_FLAGS.get(opts["names"][0])
+        if short:
+            opts["names"].append(short)
+        return opts
+
+
 def command(iterable=(), **flag_help):
     """@task for the function of the same name in COMMANDS: its summary is the docstring
     (`fab --list`, `fab --help TASK`), `flag_help` plus COMMON the help of each flag;
     `iterable`: flags that may be given several times (a list)."""
     def wrap(function):
         function.__doc__ = COMMANDS[function.__name__.replace("_", "-")].summary
-        return task(help=dict(COMMON, **flag_help), iterable=list(iterable))(function)
+        return task(help=dict(COMMON, **flag_help), iterable=list(iterable), klass=_Task,
+                    auto_shortflags=False)(function)
     return wrap
 
 
@@ -109,24 +128,24 @@ def _boundary(c, name, flags):
                   "it stopped (default: put the running one back)",
 })
 def deploy(c, profile=None, dry_run=False, no_wait=False, timeout=None, stop_on_timeout=False,
-           json=False, rolling=None, smoke=False, no_restore=False, parallel=32,
+           json=False, rolling=None, smoke=False, no_restore=False, parallel=None,
            accept_new_host_keys=False):
     return _boundary(c, "deploy", locals())
 
 
 @command(json="print one JSON object per host on stdout (human text goes to stderr)")
-def check(c, profile=None, json=False, parallel=32, accept_new_host_keys=False):
+def check(c, profile=None, json=False, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "check", locals())
 
 
 @command(json="print one JSON object per host on stdout (human text goes to stderr)")
-def status(c, profile=None, json=False, parallel=32, accept_new_host_keys=False):
+def status(c, profile=None, json=False, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "status", locals())
 
 
 @command(grace="seconds between SIGTERM and SIGKILL (default 30)",
          json="print one JSON object per host on stdout (human text goes to stderr)")
-def stop(c, profile=None, grace=30.0, json=False, parallel=32, accept_new_host_keys=False):
+def stop(c, profile=None, grace=None, json=False, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "stop", locals())
 
 
@@ -136,7 +155,7 @@ def stop(c, profile=None, grace=30.0, json=False, parallel=32, accept_new_host_k
     "grep": "only lines matching this regular expression",
     "release": "read an older release's log (a stamp from `fab releases`)",
 })
-def tail_log(c, profile=None, lines=50, follow=False, grep=None, release=None, parallel=32,
+def tail_log(c, profile=None, lines=None, follow=False, grep=None, release=None, parallel=None,
              accept_new_host_keys=False):
     return _boundary(c, "tail-log", locals())
 
@@ -145,7 +164,7 @@ def tail_log(c, profile=None, lines=50, follow=False, grep=None, release=None, p
     "json": "print one JSON object per host on stdout",
     "keep": "first prune to the newest N releases (never the current one or the one before it)",
 })
-def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_host_keys=False):
+def releases(c, profile=None, json=False, keep=None, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "releases", locals())
 
 
@@ -156,7 +175,7 @@ def releases(c, profile=None, json=False, keep=None, parallel=32, accept_new_hos
     "release": "relaunch this release (a stamp from `fab releases`) instead of the one before "
                "`current`, e.g. the one an interrupted deploy stopped",
 })
-def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=None, parallel=32,
+def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=None, parallel=None,
              accept_new_host_keys=False):
     return _boundary(c, "rollback", locals())
 
@@ -168,8 +187,8 @@ def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=N
     "dry-run": "list what would be killed (pid, user, command, GPU, MiB); kill nothing",
     "json": "print one JSON object per host on stdout",
 })
-def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=False, json=False,
-                   parallel=32, accept_new_host_keys=False):
+def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=None, dry_run=False, json=False,
+                   parallel=None, accept_new_host_keys=False):
     return _boundary(c, "kill-gpu-procs", locals())
 
 
@@ -192,7 +211,7 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=10.0, dry_run=Fa
                   "--max-tokens tokens (vLLM and SGLang's ignore_eos)",
 })
 def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, prompts=None,
-          json=False, compare=None, parallel=32, accept_new_host_keys=False, repeat=None,
+          json=False, compare=None, parallel=None, accept_new_host_keys=False, repeat=None,
           seed=None, temperature=None, random_input_len=None, ignore_eos=False):
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
@@ -200,7 +219,7 @@ def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, pro
 
 
 @command(out="write it to this file, replaced in one rename (default: stdout)")
-def targets(c, profile=None, out=None, parallel=32, accept_new_host_keys=False):
+def targets(c, profile=None, out=None, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "targets", locals())
 
 
@@ -244,5 +263,5 @@ def pull(c, profile=None, verify=False, json=False, parallel=32, accept_new_host
 def tune(c, profile=None, vary=None, profiles=None, baseline=False, concurrency=None,
          requests=None, input_len=None, max_tokens=None, repeat=None, seed=None,
          objective=None, keep=None, out=None, resume=None, json=False, slo=None, load=None,
-         max_load=None, slots=None, parallel=32, accept_new_host_keys=False):
+         max_load=None, slots=None, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "tune", locals())

@@ -212,15 +212,17 @@ def _restored(host, profile, opts, reporter, spot, failure):
     try:
         back = rollback_host(host, profile, opts, reporter, to=old, spot=spot)
         said = f"{why}; put back release {old}, which ran before ({back.summary})"
-        left = {"restored": old, "release": old, "pid": back.data.get("pid")}
+        left = {"release": old, "pid": back.data.get("pid")}
     except LlmfabError as e:
         report_error(reporter, name, e)
         said = (f"{why}; putting back release {old} failed too ({e.message.splitlines()[0]}): "
                 f"nothing runs; restore it with `{fab_hint(profile, f'rollback --release {old}')}`")
-        left = {"restored": None}
+        left = None
     reporter.line(name, said)
     err = OperationFailed(said, details=failure.details)
-    err.fatal, err.server, err.left = getattr(failure, "fatal", None), {"release": new}, left
+    err.fatal = getattr(failure, "fatal", None)
+    # --json: the failed release's own fields (release, pid, fatal), then what was put back.
+    err.json_extra = dict(getattr(failure, "json_extra", None) or {"release": new}, restored=left)
     err.reported = True
     return err
 

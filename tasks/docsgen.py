@@ -149,6 +149,20 @@ def doctor_page():
             "Mean acceptance lengths for the live verdict (`low` = below 60% of it):", ""]
     out += _table(("method", "k", "mean acceptance length", "source"), [
         (ref.method, str(ref.k), f"{ref.length:g}", cell(ref.source)) for ref in REFERENCES])
+    from .doctor import sampling
+    out += ["", "## Acceptance under sampling", "",
+            "vLLM drafts greedily and, at temperature > 0, accepts a drafted token with the "
+            "target's probability of it (" + sampling.SOURCE_SAMPLER + "), so `broken` and `low` "
+            "need greedy evidence. A window's sampling is the request's temperature, else the "
+            "server's default (`--override-generation-config`, else the model's "
+            "generation_config.json unless `--generation-config vllm`, else 1.0: "
+            + sampling.SOURCE_DEFAULTS + "). `fab bench` probes with "
+            f"{sampling.PROBE_REQUESTS} greedy requests when the table asks; `fab status` cannot.", ""]
+    out += _table(("window", "its verdict", "greedy probe", "verdict"), [
+        (ev, "any" if w == "*" else ", ".join(str(x) if x else "none yet" for x in w),
+         "any" if pr == "*" else ", ".join({"none": "not run", None: "too few drafts"}.get(x, x) for x in pr),
+         {"window": "the window's", "probe": "the probe's"}.get(res, f"`{res}`"))
+        for ev, w, pr, res, _ in sampling.RULES])
     out += ["", "## A/B recipes", "",
             "Each side `fab bench --repeat 3 --json > SIDE.json`, then "
             "`fab bench --compare A.json,B.json`; its last line says which side wins and whether "

@@ -2,8 +2,9 @@
 
     opts = DeployOptions.from_flags(profile=None, timeout="90", ...)   # UsageError on bad input
 
-Invoke hands flags over as text or as the defaults in tasks/cli.py; every conversion and
-check happens here, so a bad value is one UsageError (exit 2) before any host is touched,
+Invoke hands flags over as text (every default in tasks/cli.py is None or a bool: a number
+there would make Invoke convert the flag itself, with an error naming neither flag nor value,
+tests/unit/test_flag_values.py); every conversion, default and check happens here, so a bad value is one UsageError (exit 2) before any host is touched,
 and task bodies read typed fields instead of a dict they could write into.
 """
 import dataclasses
@@ -152,13 +153,7 @@ class TailLogOptions(Common):
 
     @staticmethod
     def convert(flags):
-        try:
-            lines = int(flags.get("lines", 50))
-        except (TypeError, ValueError):
-            raise UsageError(f"--lines expects a whole number (got {flags.get('lines')!r})") from None
-        if lines < 0:
-            raise UsageError("--lines must be 0 or more")
-        flags["lines"] = lines
+        flags["lines"] = whole("lines", flags.get("lines"), 0, 50)
         grep = flags.get("grep") or None
         if grep:
             try:

@@ -70,6 +70,19 @@ def columns(stream):
     return NOT_A_TERMINAL_COLUMNS
 
 
+def quiet_on_closed_pipe():
+    """A closed stdout (`fab --list | head -1`) ends the program quietly: Invoke's own printing
+    (--list, --help) raises BrokenPipeError outside any task, and this hook ends the process
+    without a traceback, with the status a Unix tool killed by SIGPIPE has (128 + 13)."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not issubclass(kind, BrokenPipeError):
+            return previous(kind, value, tb)
+        os._exit(128 + 13)
+    sys.excepthook = hook
+
+
 class Reporter:
     def __init__(self, hosts=(), json_mode=False, stream=None):
         self.json_mode = json_mode
@@ -82,12 +95,24 @@ class Reporter:
         self._last_plain = {}
         self._json_hosts = set()  # hosts whose --json object is out (tasks/fleet/fanout.py)
 
+    def _write(self, stream, text):
+        """Write and flush; once the reader has gone (a pipe into `head`), the rest of the
+        output goes nowhere and the task goes on: a change in flight on a host is finished,
+        not cut off by a closed pipe. The exit status stays the task's."""
+        try:
+            stream.write(text)
+            stream.flush()
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())  # the interpreter's last flush finds it too
+            os.close(devnull)
+
     def _prefix(self, host):
         return f"[{host}] " if host else ""
 
     def _clear_progress(self):
         if self._progress_shown:
-            self.stream.write("\r\x1b[2K")
+            self._write(self.stream, "\r\x1b[2K")
             self._progress_shown = False
 
     def line(self, host, text=""):
@@ -99,9 +124,7 @@ class Reporter:
             parts = str(text).splitlines() or [""]
         with self._lock:
             self._clear_progress()
-            for part in parts:
-                self.stream.write(f"{prefix}{part}\n")
-            self.stream.flush()
+            self._write(self.stream, "".join(f"{prefix}{part}\n" for part in parts))
 
     def lines(self, host, lines):
         for text in lines:
@@ -110,16 +133,14 @@ class Reporter:
     def progress(self, host, phase, text):
         with self._lock:
             if self.inplace:
-                self.stream.write(f"\r\x1b[2K{self._prefix(host)}{text}")
-                self.stream.flush()
+                self._write(self.stream, f"\r\x1b[2K{self._prefix(host)}{text}")
                 self._progress_shown = True
                 return
             last = self._last_plain.get(host)
             now = time.monotonic()
             if last is None or last[0] != phase or now - last[1] >= PLAIN_EVERY_S:
                 self._last_plain[host] = (phase, now)
-                self.stream.write(f"{self._prefix(host)}{text}\n")
-                self.stream.flush()
+                self._write(self.stream, f"{self._prefix(host)}{text}\n")
 
     def emitted(self, host):
         """Whether `host`'s --json object was printed."""
@@ -130,15 +151,13 @@ class Reporter:
             if isinstance(obj, dict) and "host" in obj:
                 self._json_hosts.add(obj["host"])
             self._clear_progress()
-            sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
-            sys.stdout.flush()
+            self._write(sys.stdout, json.dumps(obj, ensure_ascii=False) + "\n")
 
     def table(self, headers, rows):
         """A plain aligned table (no host prefix): the run's summary."""
         with self._lock:
             self._clear_progress()
-            self.stream.write("".join(line + "\n" for line in table_lines(headers, rows)))
-            self.stream.flush()
+            self._write(self.stream, "".join(line + "\n" for line in table_lines(headers, rows)))
 
 
 def table_lines(headers, rows):

@@ -64,7 +64,7 @@ def gather(host, profile, ddir):
     alive = bool(st["alive"])
     record = {"host": host.name, "running": alive, "pid": server.get("pid"),
               "release": server.get("release"), "port": server.get("port"),
-              "health": None, "served_name": None, "gpus": None, "spec": None,
+              "health": None, "served_name": None, "gpus": None, "spec": None, "sampling": None,
               "generation_tokens_per_s": None,
               "requests_running": None, "requests_waiting": None, "kv_cache_usage": None,
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
@@ -94,7 +94,8 @@ def gather(host, profile, ddir):
         out.metric_lines = m["lines"]
         if record["spec"] is not None:  # the doctor's verdict and likely causes (tasks/doctor/findings.py)
             from .doctor.findings import status_verdict, with_verdict
-            text, more = status_verdict(host, profile, ddir, server["release"], m, record["spec"])
+            text, more, record["sampling"] = status_verdict(host, profile, ddir, server["release"],
+                                                            m, record["spec"])
             if text:
                 out.metric_lines = with_verdict(out.metric_lines, text) + more
     if profile.cluster is not None:  # the Ray cluster under the server (tasks/fleet/ray_cluster.py)

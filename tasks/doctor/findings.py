@@ -7,7 +7,7 @@ in the release directory as spec-evidence.json. Here: split findings out of pref
 records for --json, print the log evidence at the ready line, and join everything into the
 live verdict (tasks/doctor/verdict.py).
 """
-from . import verdict
+from . import sampling, verdict
 from ..hostside.doctor_check import accept_hint, accepted_note
 from ..output import Block
 from .host_request import doctor_request
@@ -104,26 +104,39 @@ def with_verdict(lines, text):
 
 
 def status_verdict(host, profile, ddir, release, m, spec_out):
-    """`fab status`: judge acceptance since start; (verdict text, extra lines)."""
+    """`fab status`: judge acceptance since start; (verdict text, extra lines, sampling).
+    The requests since start carried their own sampling: only the server's default is known."""
     info, findings = deployment_findings(host, profile, ddir, release)
-    return judge(m.get("spec_raw"), spec_out, info, findings, prefix_hit_rate(m.get("snapshot")))
+    samp = sampling.server_default(profile, (info or {}).get("generation_config"))
+    text, lines = judge(m.get("spec_raw"), spec_out, info, findings,
+                        prefix_hit_rate(m.get("snapshot")), samp)
+    return text, lines, samp
 
 
-def bench_verdict(host, profile, ddir, release, raw, spec_raw, spec_out):
-    """`fab bench`: judge acceptance over the bench window; (verdict text, extra lines)."""
+def bench_verdict(host, profile, ddir, release, raw, spec_raw, spec_out, sent=None, probe=None):
+    """`fab bench`: judge acceptance over the bench window; (verdict text, extra lines,
+    sampling). `sent`: the sampling fields every request carried; `probe()`: the spec numbers
+    of a short greedy run (tasks/bench.py), called only when the rule table needs it."""
     from ..measure.metrics import parse
     info, findings = deployment_findings(host, profile, ddir, release)
+    samp = sampling.window_sampling(sent, sampling.server_default(
+        profile, (info or {}).get("generation_config")))
     before, after = raw["before"].get("text"), raw["after"].get("text")
     hit = prefix_hit_rate(parse(after), parse(before) if before else None) if after else None
-    return judge(spec_raw, spec_out, info, findings, hit)
+    text, lines = judge(spec_raw, spec_out, info, findings, hit, samp, probe)
+    return text, lines, samp
 
 
-def judge(spec_raw, spec_out, info, findings, hit_rate=None):
-    """Add verdict, evidence and findings to an output spec record; (verdict text, more lines)."""
+def judge(spec_raw, spec_out, info, findings, hit_rate=None, samp=None, probe=None):
+    """Add verdict, evidence and findings to an output spec record; (verdict text, more lines).
+    Under sampling a `broken`/`low` window is judged again greedily (tasks/doctor/sampling.py)."""
     if spec_out is None or spec_raw is None or info is None:
         return None, []
-    v = verdict.verdict(spec_raw, info.get("method"), info.get("k"), findings)
-    if info.get("method") == "dflash" and info.get("prefix_caching"):
+    method, k = info.get("method"), info.get("k")
+    v = verdict.verdict(spec_raw, method, k, findings)
+    if samp is not None:
+        v = under_sampling(v, samp, probe, method, k, findings)
+    if method == "dflash" and info.get("prefix_caching"):
         v["evidence"]["prefix_cache_hit_rate"] = hit_rate
     spec_out.update(v)
     lines = []
@@ -132,3 +145,37 @@ def judge(spec_raw, spec_out, info, findings, hit_rate=None):
                      + " over the same window (DFlash acceptance falls as it rises)")
     return verdict.verdict_text(v), lines + verdict.cause_lines(v)
 
+
+def under_sampling(v, samp, probe, method, k, findings):
+    """The window's verdict `v` through the sampling rule table: a greedy probe when the
+    window was sampled and would be `broken`/`low` (and `probe` can run one)."""
+    window = v["verdict"]
+    ev = v["evidence"]
+    ev["sampling"] = samp
+    probe_v, probe_rec = "none", None
+    if sampling.needs_probe(window, samp) and probe is not None:
+        p_raw, requests = probe()
+        pv = verdict.verdict(p_raw, method, k, findings) if p_raw is not None else None
+        probe_v = pv["verdict"] if pv else None
+        pe = pv["evidence"] if pv else {}
+        probe_rec = {"requests": requests, "sampling": {"temperature": 0.0, "source": "request"},
+                     "verdict": probe_v, "drafts": pe.get("drafts"),
+                     "acceptance_rate": None if p_raw is None else verdict._r(p_raw.get("acceptance_rate")),
+                     "position_0": pe.get("position_0"),
+                     "mean_acceptance_length": pe.get("mean_acceptance_length"), "why": pe.get("why")}
+    final, why = sampling.rule(window, sampling.is_greedy(samp), probe_v)
+    ev["window_verdict"] = window
+    if probe_rec is not None:
+        ev["greedy_probe"] = probe_rec
+    if why is not None:
+        probe_why = None
+        if probe_rec is not None:
+            acc = probe_rec["acceptance_rate"]
+            probe_why = f"over {probe_rec['requests']} requests at temperature 0, " + (
+                probe_rec["why"] or "" if probe_rec["verdict"] in sampling.NEEDS_GREEDY
+                else "acceptance unknown" if acc is None else f"acceptance {acc:.2f}")
+            if probe_rec["verdict"] is None:
+                probe_why = f"{probe_rec['why']}, {probe_rec['requests']} requests at temperature 0"
+        ev["why"] = sampling.explain(why, ev["why"], samp, probe_why)
+    v["verdict"] = final
+    return v

@@ -47,4 +47,7 @@ def doctor_request(profile: Profile):
         "k": m.get("spec_tokens"), "v2_env": v2,
         "prefix_caching": _prefix_caching(profile.server.flags),
         "accept": list(check.accept) if check is not None else [],
+        # where vLLM takes its default sampling from (tasks/doctor/sampling.py)
+        "generation_config": profile.server.flags.value("generation-config")
+        if profile.server.engine == "vllm" else "none",
     }

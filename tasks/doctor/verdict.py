@@ -9,6 +9,9 @@ The thresholds (docs/doctor.md):
   - `low`: mean acceptance length below 60% of the method's reference for its k
     (tasks/hostside/doctor_rules.py REFERENCES, with their sources);
   - otherwise `healthy`. ngram/suffix depend on the workload: `healthy` or `low` only.
+`broken`/`low` need greedy evidence: tasks/doctor/sampling.py's rule table turns a sampled
+window's verdict into `sampling` (a greedy probe is healthy), the probe's verdict, or
+`unconfirmed` (no greedy evidence).
 The reference for a k is the record of the same method with the largest k at or below it
 (else the smallest), capped at 1 + k, the most a step can yield.
 """
@@ -83,7 +86,7 @@ def verdict_text(v):
 def cause_lines(v):
     """One Block per finding listed as a likely cause, most likely first, each with its fix
     and source (only when the verdict is not healthy)."""
-    if v["verdict"] in (None, "healthy"):
+    if v["verdict"] in (None, "healthy", "sampling"):
         return []
     return [Block(f"likely cause {i}: {f['severity']} {f['rule']} ({f['evidence']}): {f['message']}",
                   (("fix", f.get("fix")), ("source", f.get("source"))), indent=2, hang=2)

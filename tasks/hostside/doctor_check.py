@@ -83,7 +83,7 @@ def run(req):
     """(facts, findings) for the `doctor` section of a request; ({}, []) without one."""
     if not req or not req.get("method"):
         return {}, []
-    version = engine_version(req.get("engine"))
+    version = req["version"] if "version" in req else engine_version(req.get("engine"))
     facts = doctor_facts.facts(req, version)
     return facts, evaluate(facts, req.get("accept") or ())
 

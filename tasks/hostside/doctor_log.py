@@ -91,12 +91,35 @@ def _read_head(path):
         return ""
 
 
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
+
+
+def generation_config(doctor):
+    """{file, values}: the sampling keys of the generation_config.json vLLM reads its default
+    sampling from (`--generation-config`: auto = the target's directory, a directory, or
+    `vllm` = none), or None when there is none to read."""
+    src = doctor.get("generation_config")
+    folder = doctor.get("target") if src in (None, "auto") else None if src in ("vllm", "none") else src
+    if not isinstance(folder, str):
+        return None
+    path = os.path.join(expand(folder), "generation_config.json")
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return {"file": path, "values": None}
+    if not isinstance(cfg, dict):
+        return {"file": path, "values": None}
+    return {"file": path, "values": {k: cfg[k] for k in SAMPLING_KEYS if k in cfg}}
+
+
 def op_spec_evidence(req):
     """The doctor's view of a release, in one request: the version and config findings
     (doctor_check.summary) and the start-up log's evidence: scanned now and stored (`scan`:
     true, deploy at ready), else read from spec-evidence.json (status, bench)."""
     facts, out = doctor_check.summary(req.get("doctor"))
     out["evidence"] = None
+    out["generation_config"] = generation_config(req.get("doctor") or {})
     if not facts or not req.get("release"):
         return out
     rdir = os.path.join(expand(req["deploy_dir"]), "releases", req["release"])

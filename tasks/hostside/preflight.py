@@ -22,18 +22,15 @@ def check_python():
                 + ("" if ok else ": llmfab's launcher needs Python >= 3.9"))
 
 
-def check_engine(engine, argv0=None):
-    """The engine's import package and the distribution providing it (engineid.py): the record
-    carries them as `engine` ({package, distribution, version}), from which the client picks
-    the entry point it launches (tasks/steps/argv.py)."""
-    info = engineid.identify(engine)
-    if info is not None:
-        import importlib.util
-        if importlib.util.find_spec(info["package"]) is None:
-            return _rec("engine", "FAIL", "%s is not importable by %s: install it into that "
-                        "environment or point server.python at the one that has it"
-                        % (info["package"], sys.executable))
-        return dict(_rec("engine", "OK", engineid.describe(info)), engine=info)
+def check_engine(engine, argv0=None, python=None, env=None):
+    """The engine's import package and the distribution providing it (engineid.py), found as
+    the server will find them: by the server's interpreter `python` (None: this agent's) in the
+    server's environment (the host's plus the profile's plain [server.env], `env`), with what
+    the engine cannot start without (torch). The record carries them as `engine` ({package,
+    distribution, version}), from which the client picks the entry point it launches
+    (tasks/steps/argv.py)."""
+    if engine in engineid.ENGINE_PACKAGES:
+        return _engine_in_server_env(engine, python or sys.executable, env or {})
     if argv0 is None:
         return _rec("engine", "OK", "command")
     found = argv0 if os.path.isabs(argv0) else which(argv0)
@@ -42,6 +39,46 @@ def check_engine(engine, argv0=None):
     if found is None or not os.path.exists(found):
         return _rec("engine", "FAIL", "server.command[0] %r not found on this host's PATH" % argv0)
     return _rec("engine", "OK", "command %s" % found)
+
+
+def _where(python, env, seen=None):
+    """`/x/bin/python3 with PYTHONPATH=/a:/b (from [server.env])`: what the engine check looked
+    with (`seen`: what the server's interpreter reported; secrets are never sent, so never shown)."""
+    if seen is None:
+        seen = {"python": python, "pythonpath": env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))}
+    if seen.get("pythonpath"):
+        origin = "from [server.env]" if "PYTHONPATH" in env else "from the host's environment"
+        return "%s with PYTHONPATH=%s (%s)" % (seen["python"], seen["pythonpath"], origin)
+    return "%s with PYTHONPATH unset (neither the host's environment nor [server.env] sets it)" % seen["python"]
+
+
+def _engine_in_server_env(engine, python, env):
+    package = engineid.ENGINE_PACKAGES[engine]
+    try:
+        seen = engineid.in_server_env(engine, python, env)
+    except OSError as e:
+        return _rec("engine", "FAIL", "cannot run server.python %s here: %s" % (python, e.strerror or e))
+    except RuntimeError as e:
+        return _rec("engine", "FAIL", "server.python %s could not look for %s (%s) in the server's "
+                    "environment: %s" % (python, package, _where(python, env), e))
+    info = seen["engine"]
+    record = {"package": package, "distribution": info["distribution"], "version": info["version"]}
+    if info["origin"] is None:
+        return _rec("engine", "FAIL", "%s is not importable by %s: install it into that environment, "
+                    "point server.python at the one that has it, or set [server.env] PYTHONPATH to the "
+                    "directory holding it" % (package, _where(python, env, seen)))
+    missing = [name for name, got in sorted(seen["needs"].items()) if got is None]
+    if missing:
+        return dict(_rec("engine", "FAIL", "%s is there (%s) but %s, which it needs to start, is not "
+                         "importable by %s: the server would die with \"No module named '%s'\"; install "
+                         "%s into that environment or put it on [server.env] PYTHONPATH"
+                         % (engineid.describe(record), info["origin"], " and ".join(missing),
+                            _where(python, env, seen), missing[0], " and ".join(missing))), engine=record)
+    torch = seen["needs"].get("torch")
+    text = engineid.describe(record)
+    if torch:
+        text += ", torch %s (%s)" % (torch["version"] or "unknown version", torch["build"] or "build unknown")
+    return dict(_rec("engine", "OK", text), engine=record)
 
 
 def check_paths(paths, pulled=None):
@@ -125,12 +162,15 @@ def check_gpus(nvidia_smi, devices, min_free):
 
 
 def run(req):
-    checks = [check_python(), check_engine(req["engine"], req.get("argv0"))]
+    engine = check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"))
+    checks = [check_python(), engine]
     checks += check_paths(req.get("paths", []), req.get("pulled"))
     checks += modelcheck.run(req.get("models"))
     if (req.get("doctor") or {}).get("method"):  # rules of doctor_rules.py (a speculative method)
         from . import doctor_check
-        checks += doctor_check.checks(doctor_check.run(req["doctor"])[1])
+        # the engine version as the server's environment has it (the check above)
+        doctor = dict(req["doctor"], version=(engine.get("engine") or {}).get("version"))
+        checks += doctor_check.checks(doctor_check.run(doctor)[1])
     checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
     if req.get("deploy_dir"):
         checks.append(check_disk(req["deploy_dir"]))
@@ -146,5 +186,5 @@ def op_host_facts(req):
     """What makes two hosts alike for a sweep (`fab tune`): the engine and its version (as
     the preflight reads it), and the GPUs' names (None: no nvidia-smi)."""
     gpus = gpu.read_gpus(req.get("nvidia_smi") or "nvidia-smi")
-    return {"engine": check_engine(req["engine"], req.get("argv0"))["message"],
+    return {"engine": check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"))["message"],
             "gpus": None if gpus is None else [g["name"] for g in gpus]}

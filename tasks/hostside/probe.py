@@ -4,7 +4,7 @@ import json
 import os
 
 from . import gpu
-from .common import cmdline, expand, fd_targets, pid_alive, pids, read_exit, read_json
+from .common import cmdline, expand, fd_targets, pid_alive, pids, read_exit
 
 LOG_CHUNK = 256 * 1024
 # [server] host values that mean every interface: anyone who reaches the host reaches the

@@ -60,9 +60,11 @@ PHASE_LINES = [
      "pattern": r"Loading weights took (?P<s>\d+(?:\.\d+)?) seconds",
      "source": "vllm/model_executor/model_loader/default_loader.py:501 (seen in 0.32.0)"},
     {"phase": "weights", "kind": "took", "engine": "vllm", "versions": ">=0.6.0",
-     "pattern": r"Model loading took \S+ GiB memory and (?P<s>\d+(?:\.\d+)?) seconds",
+     "pattern": r"Model loading took \S+ GiB (?:memory )?and (?P<s>\d+(?:\.\d+)?) seconds",
      "source": "vllm/v1/worker/gpu_model_runner.py:5150 (0.32.0; GPU runner only, the CPU "
-               "runner never prints it)"},
+               "runner never prints it); 0.26.0 on an H200: 'Model loading took 0.0 GiB and "
+               "1.601510 seconds' (V2 runner, vllm/v1/worker/gpu/model_runner.py:305), "
+               "'... GiB memory and ...' (V1 runner)"},
     {"phase": "compile", "kind": "begin", "engine": "vllm", "versions": ">=0.10.0",
      "pattern": r"Warming up model for the compilation\.\.\.",
      "source": "vllm/v1/worker/cpu_model_runner.py:87 (seen in 0.32.0, CPU build)"},
@@ -86,10 +88,20 @@ PHASE_LINES = [
     {"phase": "cuda_graphs", "kind": "took", "engine": "vllm", "versions": ">=0.6.0",
      "pattern": r"Graph capturing finished in (?P<s>\d+(?:\.\d+)?) secs?",
      "source": "vllm/v1/worker/gpu_model_runner.py:6582 (0.32.0; GPU only)"},
+    # The V2 model runner's kernel warm-up (warmup_kernels: execute_model + sample_tokens to
+    # JIT the Triton kernels): no line of its own, 16 s cold on an H200, between these two
+    {"phase": "kernel_warmup", "kind": "begin", "engine": "vllm", "versions": ">=0.26.0",
+     "pattern": r"Free memory on device \(",
+     "source": "vllm/v1/worker/gpu_worker.py:857 (seen in 0.26.0 on an H200: 'Free memory on "
+               "device (139.29/139.8 GiB) on startup')"},
+    {"phase": "kernel_warmup", "kind": "end", "engine": "vllm", "versions": ">=0.26.0",
+     "pattern": r"Kernel JIT monitor activated",
+     "source": "vLLM jit_monitor.py:79, as its log line names it (seen in 0.26.0 on an H200: 'Kernel JIT monitor "
+               "activated; monitored JIT compilations during inference will use mode=warn.')"},
     {"phase": "kv_cache", "kind": "took", "engine": "vllm", "versions": ">=0.8.0",
      "pattern": r"init engine \(profile, create kv cache, warmup model\) took "
                 r"(?P<s>\d+(?:\.\d+)?) s(?:econds)?",
-     "contains": ["compile", "cuda_graphs"],
+     "contains": ["compile", "cuda_graphs", "kernel_warmup"],
      "source": "vllm/v1/engine/core.py:386-403 (seen in 0.32.0: 'took 1.48 s')"},
     {"phase": "api_server", "kind": "end", "engine": "vllm", "versions": ">=0.8.0",
      "pattern": r"Starting vLLM (?:API )?server (?:\d+ )?on ",
@@ -133,7 +145,7 @@ PHASE_LINES = [
      "source": "sglang srt/entrypoints/http_server.py (_wait_and_warmup)"},
 ]
 ORDER = ["process", "engine_start", "worker_start", "weights", "compile", "cuda_graphs",
-         "kv_cache", "api_server", "warmup", "ready"]
+         "kernel_warmup", "kv_cache", "api_server", "warmup", "ready"]
 
 _VLLM_TIME = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)"
                         r"(?:\.(\d+))? \[")

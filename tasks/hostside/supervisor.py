@@ -206,7 +206,10 @@ class Supervisor:
                 if hang:  # when it was seen, to the microsecond (the record has seconds)
                     self.publish(hang_detected_at=time.time())
                 # What is left goes first (a hung server included: it exits by our TERM or
-                # KILL, and that is how its attempt ended); then the record.
+                # KILL, and that is how its attempt ended); then the record. Meanwhile nothing
+                # runs: the attempt's leftovers (an EngineCore outliving its API server holds
+                # the GPU) are being ended, so the state is no longer "running".
+                self.publish(state="waiting-for-gpu")
                 stop_own_group(self.rel.marked, self.cfg.get("grace", 30.0), self.sleep)
                 try:
                     proc.wait(KILL_WAIT_S)

@@ -21,7 +21,7 @@ import socket
 import time
 
 from . import gpu
-from .common import CONTEXT, expand, pid_alive, read_exit, read_json, read_stop
+from .common import CONTEXT, expand, pid_alive, read_exit, read_stop
 from .probe import LOG_CHUNK, http_get, probe_host, read_log, served_models
 
 TICK_S = 0.05          # how often the host looks: events are seen within ~25 ms on average

@@ -137,9 +137,18 @@ def human_lines(rec, engine, metrics_error=None, verdict=None):
         f"TTFT ms         p50 {_num(rec['ttft_ms']['p50'], '.1f')}  p90 {_num(rec['ttft_ms']['p90'], '.1f')}",
         f"ITL ms          p50 {_num(rec['itl_ms']['p50'], '.2f')}  p90 {_num(rec['itl_ms']['p90'], '.2f')}",
     ] + ([f"TPOT ms         p50 {_num(rec['tpot_ms']['p50'], '.2f')}  p90 {_num(rec['tpot_ms']['p90'], '.2f')}"]
-         if rec.get("tpot_ms") else []) + server_lines(rec) + [
+         if rec.get("tpot_ms") else []) + server_lines(rec) + sampling_lines(rec) + [
         spec_line,
     ] + list(more)
+
+
+def sampling_lines(rec):
+    """The sampling the window was measured under (tasks/doctor/sampling.py), beside the
+    speculative numbers it explains."""
+    if not rec.get("sampling") or rec.get("spec") is None:
+        return []
+    from ..doctor.sampling import text
+    return [f"sampling        {text(rec['sampling'])}"]
 
 
 def server_lines(rec):

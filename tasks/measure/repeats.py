@@ -19,7 +19,9 @@ FIGURES = (
 MEDIAN_FIELDS = ("duration_s", "requests_per_s", "output_tokens_per_s")
 
 
-def _median(values, digits=3):
+def median(values, digits=3):
+    """The median of the values that are not None, rounded (None when there are none): the
+    one median of repeated runs (fab bench --repeat, fab tune)."""
     xs = [v for v in values if v is not None]
     return round(statistics.median(xs), digits) if xs else None
 
@@ -32,21 +34,21 @@ def summarize(records):
     out["requests"] = sum(r["requests"] for r in records)
     out["errors"] = sum(r["errors"] for r in records)
     for key in MEDIAN_FIELDS:
-        out[key] = _median([r[key] for r in records])
+        out[key] = median([r[key] for r in records])
     for key in ("ttft_ms", "itl_ms", "tpot_ms"):
         if any(key in r for r in records):
-            out[key] = {q: _median([(r.get(key) or {}).get(q) for r in records]) for q in ("p50", "p90")}
+            out[key] = {q: median([(r.get(key) or {}).get(q) for r in records]) for q in ("p50", "p90")}
     servers = [r["server_ms"] for r in records if r.get("server_ms")]
     if servers:
-        out["server_ms"] = {k: _median([s.get(k) for s in servers]) for k in ("ttft_mean", "tpot_mean")}
+        out["server_ms"] = {k: median([s.get(k) for s in servers]) for k in ("ttft_mean", "tpot_mean")}
     specs = [r["spec"] for r in records if r.get("spec")]
     if specs:
         spec = dict(specs[-1])  # the last window's verdict and findings stand for the set
-        spec["acceptance_rate"] = _median([s.get("acceptance_rate") for s in specs], 6)
-        spec["mean_acceptance_length"] = _median([s.get("mean_acceptance_length") for s in specs], 6)
+        spec["acceptance_rate"] = median([s.get("acceptance_rate") for s in specs], 6)
+        spec["mean_acceptance_length"] = median([s.get("mean_acceptance_length") for s in specs], 6)
         width = max(len(s.get("per_position") or []) for s in specs)
         if width:
-            spec["per_position"] = [_median([(s.get("per_position") or [])[i]
+            spec["per_position"] = [median([(s.get("per_position") or [])[i]
                                              if i < len(s.get("per_position") or []) else None
                                              for s in specs], 6) for i in range(width)]
         out["spec"] = spec

@@ -140,8 +140,15 @@ def _range_text(what, lo, hi):
     return what
 
 
+# Linux's execve(2) takes each argv or environment string up to MAX_ARG_STRLEN bytes, its
+# terminating NUL included (32 pages of 4 KiB: include/uapi/linux/binfmts.h); a longer one
+# fails the launch with E2BIG. A profile string becomes `--key=value` or `KEY=value` at most.
+MAX_ARG_STRLEN = 131072
+
+
 def no_nul_or_dates(ck, value, path=()):
-    """NUL bytes cannot reach argv or environ, and TOML dates have no argv form: refuse both."""
+    """NUL bytes cannot reach argv or environ, a string longer than execve takes cannot either,
+    and TOML dates have no argv form: refuse all three, naming the key."""
     if isinstance(value, dict):
         for k, v in value.items():
             if "\0" in k:
@@ -153,6 +160,12 @@ def no_nul_or_dates(ck, value, path=()):
     elif isinstance(value, str):
         if "\0" in value:
             ck.fail(path, "a string without NUL bytes", value)
+        key = next((p for p in reversed(path) if isinstance(p, str)), "")
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if len(key.encode("utf-8", "surrogatepass")) + size + 4 > MAX_ARG_STRLEN:
+            ck.fail(path, f"a string that fits one command-line argument ({size} bytes here; "
+                          f"Linux takes at most {MAX_ARG_STRLEN} per argument, key included)",
+                    value)
     elif isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
         ck.fail(path, "a string, number, boolean, array or table (TOML dates/times are not supported;"
                       " quote it as a string)", value)

@@ -62,7 +62,8 @@ SERVER_KEYS = table(
         "an absolute path"),
     Key("host", "string", '"0.0.0.0"',
         "the address the server binds (passed as --host to vLLM and SGLang unless [server.args] "
-        "sets host); 0.0.0.0 with no API key gives the preflight WARN `exposure`"),
+        "sets host); 0.0.0.0 with no API key gives the preflight WARN `exposure` (a command "
+        "server: when its command has --host/--bind 0.0.0.0)"),
     Key("port", "integer 1024-65535", "8000",
         "the port the server listens on (passed as --port; readiness, status and bench use it)"),
     Key("command", "array of strings", "required for engine = \"command\", refused otherwise",
@@ -220,10 +221,13 @@ def _server(ck, s):
     if engine == "vllm":
         _vllm_int_flags(ck, p + ("env",), env)
     flag = server.flags.get("port")
-    if engine != "command" and flag is not None and flag.value != port:
-        # Readiness polls server.port; a different --port in args would wait on the wrong port.
+    if flag is not None and flag.value != port:
+        # Readiness polls server.port; a different --port in args would wait on the wrong port
+        # (a command server too: it is told --port from its [server.args]).
         ck.fail(p + ("args", flag.key), f"the same port as server.port ({port}); "
-                                        "set the port in [server] instead", flag.value)
+                                        "set the port in [server] instead"
+                                        + (" and give the command the same" if engine == "command" else ""),
+                flag.value)
     return server
 
 

@@ -32,6 +32,8 @@ def preflight_request(profile: Profile, state=None):
     s = profile.server
     req = dict(
         engine=s.engine,
+        # the engine is looked for as the launch will run it: this interpreter, this environment
+        python=s.interpreter, env=profile.plain_env(),
         argv0=s.command[0] if s.engine == "command" and s.command else None,
         paths=model_paths(profile),
         pulled=pull_fixes(profile),  # [weights]: a missing one's fix is `fab pull`
@@ -63,18 +65,23 @@ def exposure_checks(profile: Profile):
     vLLM still answers every path outside VLLM_KEY_GUARDS to anyone, /invocations (which
     generates) included."""
     s = profile.server
-    if s.engine not in ("vllm", "sglang"):
-        return []
-    host = s.flags.value("host", default=s.host)
-    port = s.flags.value("port", default=s.port)
+    if s.engine == "command":  # [server] host is only where llmfab reaches it: its argv says
+        host = s.flags.value("host", default=None) or s.flags.value("bind", default=None) \
+            or _command_bind(s.command)
+        port = s.flags.value("port", default=s.port)
+    else:
+        host = s.flags.value("host", default=s.host)
+        port = s.flags.value("port", default=s.port)
     if str(host) not in ALL_INTERFACES:
         return []
     tunnel = (f'bind [server] host = "127.0.0.1" and reach it through an SSH tunnel '
               f"(ssh -L {port}:127.0.0.1:{port} HOST)")
     if profile.api_key is None:
+        key = ("give the command a key of its own (from [server.env], never on its argv)"
+               if s.engine == "command" else
+               'set a key from your environment ([server.env] VLLM_API_KEY = { from_env = "VLLM_API_KEY" })')
         message = (f"the server listens on {host}:{port} with no API key: anyone who can reach port "
-                   f"{port} can use it. Either set a key from your environment ([server.env] "
-                   f'VLLM_API_KEY = {{ from_env = "VLLM_API_KEY" }}), or {tunnel}')
+                   f"{port} can use it. Either {key}, or {tunnel}")
     elif s.engine == "vllm":
         message = (f"the server listens on {host}:{port}, and vLLM's API key guards only paths under "
                    f"{', '.join(VLLM_KEY_GUARDS)}: {', '.join(VLLM_KEY_LEAVES_OPEN)} and /invocations "
@@ -83,6 +90,22 @@ def exposure_checks(profile: Profile):
     else:
         return []
     return [{"status": "WARN", "check": "exposure", "message": message}]
+
+
+# The flags by which a command server is told its address (uvicorn, http.server, gunicorn, ...).
+BIND_FLAGS = ("--host", "--bind", "-b")
+
+
+def _command_bind(argv):
+    """The address a `command` server is given on its argv (`--host X`, `--bind=X`), or None."""
+    argv = list(argv or ())
+    for i, a in enumerate(argv):
+        name, eq, value = a.partition("=")
+        if name in BIND_FLAGS:
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+            if value is not None:
+                return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+    return None
 
 
 def check_block(c):

@@ -92,7 +92,8 @@ def throughput_chart(records, variants, concurrencies):
     n = len(variants)
     for vi, v in enumerate(variants):
         # each variant a few pixels aside, so equal values never hide one another's dot
-        x = (lambda i, vi=vi: x0(i) + (vi - (n - 1) / 2) * 6)
+        def x(i, vi=vi):
+            return x0(i) + (vi - (n - 1) / 2) * 6
         pts = [(i, by[(v.name, c)]) for i, c in enumerate(concurrencies) if (v.name, c) in by]
         if not pts:
             continue

@@ -13,10 +13,39 @@ variant's colour is the same in every chart (htmlreport.color).
 import math
 from html import escape
 
+from ..measure.repeats import median
 from . import slo as slo_rules
 from .htmlreport import H, PAD_B, PAD_L, PAD_R, PAD_T, W, _fmt, _legend, _ticks, color
 from .slots import gpus_per_variant
 from .tables import slo_records
+
+
+TICK_CHAR_PX = 7   # a generous width of one character of an 11 px tick label
+TICK_GAP_PX = 6    # the least space between two tick labels
+
+
+def tick_label(v):
+    return _fmt(round(v, 1))
+
+
+def tick_values(xs, x):
+    """The x values to label, left to right, no two labels overlapping: the first and the last
+    (where there is room for both), those in between while they leave room."""
+    def half(v):
+        return len(tick_label(v)) * TICK_CHAR_PX / 2
+
+    def clear(a, b):
+        return x(b) - half(b) - (x(a) + half(a)) >= TICK_GAP_PX
+    shown = []
+    for v in xs:
+        if not shown or clear(shown[-1], v):
+            shown.append(v)
+    if shown[-1] != xs[-1]:
+        while len(shown) > 1 and not clear(shown[-1], xs[-1]):
+            shown.pop()
+        if clear(shown[-1], xs[-1]):
+            shown.append(xs[-1])
+    return shown
 
 
 def _axes(title, xlabel, ylabel, xs, ymax, log):
@@ -43,10 +72,9 @@ def _axes(title, xlabel, ylabel, xs, ymax, log):
         parts.append(f'<text x="{PAD_L - 6}" y="{y(t) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
     parts.append(f'<line x1="{PAD_L}" x2="{PAD_L}" y1="{PAD_T}" y2="{PAD_T + ih}" stroke="#333"/>')
     parts.append(f'<line x1="{PAD_L}" x2="{PAD_L + iw}" y1="{PAD_T + ih}" y2="{PAD_T + ih}" stroke="#333"/>')
-    shown = xs if len(xs) <= 12 else xs[::max(1, len(xs) // 10)]
-    for v in shown:
+    for v in tick_values(xs, x):
         parts.append(f'<text x="{x(v):.1f}" y="{PAD_T + ih + 16}" text-anchor="middle" '
-                     f'font-size="11">{_fmt(round(v, 1))}</text>')
+                     f'font-size="11">{tick_label(v)}</text>')
     parts.append(f'<text x="{PAD_L + iw / 2:.1f}" y="{H - 6}" text-anchor="middle" font-size="12">'
                  f'{escape(xlabel)}</text>')
     parts.append(f'<text x="14" y="{PAD_T + ih / 2:.1f}" text-anchor="middle" font-size="12" '
@@ -68,17 +96,9 @@ def _series(records, variants):
             if v.name in by and by[v.name].get("status") == "measured" and by[v.name].get("points")]
 
 
-def _median(values):
-    xs = sorted(v for v in values if v is not None)
-    if not xs:
-        return None
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
-
-
 def bound_chart(series, bound, unit):
     """One bound: each variant's figure against the load, the bound dashed."""
-    vals = [_median([r.get(bound.key) for r in p.get("runs_slo_ms") or []])
+    vals = [median([r.get(bound.key) for r in p.get("runs_slo_ms") or []])
             for _, _, rec in series for p in rec["points"]]
     loads = [p["load"] for _, _, rec in series for p in rec["points"]]
     top = max([v for v in vals if v is not None] + [bound.limit_ms]) * 1.1
@@ -90,7 +110,7 @@ def bound_chart(series, bound, unit):
     n = len(series)
     for si, (vi, v, rec) in enumerate(series):
         col = color(vi)
-        pts = sorted((p["load"], _median([r.get(bound.key) for r in p.get("runs_slo_ms") or []]), p)
+        pts = sorted((p["load"], median([r.get(bound.key) for r in p.get("runs_slo_ms") or []]), p)
                      for p in rec["points"])
         pts = [(ld, val, p) for ld, val, p in pts if val is not None]
         off = (si - (n - 1) / 2) * 4

@@ -230,7 +230,10 @@ def decide(variants, kind):
     out["ranges_text"] = ranges_text(rngs, kind) if rngs else ""
     notes = [f"{n} excluded: verdict broken" for n in excluded]
     if not fair:
-        out["why"] = "; ".join(["no variant meets the bounds at any load measured"] + notes)
+        none = ("no variant was measured: each failed to start or was not reached (see each "
+                "one's line above and results.jsonl)" if not any(v.get("points") for v in variants)
+                else "no variant meets the bounds at any load measured")
+        out["why"] = "; ".join([none] + notes)
         return out
     pick, second, tied = _rank([(v["name"], v["goodput"], simplicity(v["k"])) for v in fair])
     by = {v["name"]: v for v in fair}

@@ -135,11 +135,18 @@ def test_supervision_does_not_relaunch_into_memory_an_orphan_holds(host, tmp_pat
         host.run(["kill", "-9", str(api)])
         host.wait("the API server gone", lambda: not host.alive(api), 30)
         states, t0 = [], time.monotonic()
-        while time.monotonic() - t0 < 15:
+        while time.monotonic() - t0 < 60:  # until the supervisor has the memory back (backoff)
             rec = g.json_line(g.fab(prof, "status", "--json", code=None)[0])
             states.append((round(time.monotonic() - t0, 1), (rec.get("supervisor") or {}).get("state"), rec.get("pid")))
+            if states[-1][1] != "waiting-for-gpu" and len(states) > 1 and states[-2][1] == "waiting-for-gpu":
+                break
             cores = [p for p, c in host.vllm_procs().items() if "EngineCore" in c]
-            assert cores == [engine], f"relaunched into the held memory: EngineCores {cores}"
+            # Seen on the H200 (2026-12-03): the supervisor TERMs the dead attempt's group, so the
+            # EngineCore goes (its memory over ~15 s); nothing new may start meanwhile, and the
+            # supervisor may not say "running" while nothing runs.
+            assert set(cores) <= {engine}, f"relaunched into the held memory: EngineCores {cores}"
+            if cores or host.gpu("after kill -9")[0] > host.baseline + g.TOLERANCE_MIB:
+                assert states[-1][1] != "running", states
         g.figure("supervised_after_kill9", {"states": states})
         assert any(s == "waiting-for-gpu" for _, s, _ in states), states
         r, wall = g.fab(prof, "kill-gpu-procs", "--json")

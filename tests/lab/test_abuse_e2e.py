@@ -125,7 +125,7 @@ def test_blns_arrives_byte_exact_through_args_env_command_served_and_deployment_
         prof = blns_profile(lab, file_name, dep, chunk, names[n::len(chunks)], port)
         try:
             r = fab(lab, "deploy", profile=prof)
-            assert f"ready in" in r.stdout
+            assert "ready in" in r.stdout
             rdir = (deployment(lab, "h1", dep) / "current").resolve()
             record = json.loads((rdir / "record.json").read_text())
             argv = [bytes.fromhex(a) for a in record["argv"]]

@@ -3,7 +3,6 @@ import shutil
 import sys
 from tasks.transport.agent import Host
 from tasks.transport.agent_code import HOSTSIDE, Payload
-from agentstart import start
 
 
 def test_over_ssh_cold_and_warm_each_take_one_connection_and_one_remote_command(lab):

@@ -83,7 +83,13 @@ def test_bench_reports_acceptance_over_its_window_only(lab, spec_profile, tmp_pa
     assert r.returncode == 0, r.stderr
     [rec] = _json_lines(r.stdout)
     assert list(rec) == ["host", "ok", "requests", "errors", "duration_s", "requests_per_s",
-                         "output_tokens_per_s", "ttft_ms", "itl_ms", "spec", "tpot_ms", "server_ms"]
+                         "output_tokens_per_s", "ttft_ms", "itl_ms", "spec", "tpot_ms", "server_ms",
+                         "sampling", "concurrency", "max_tokens", "temperature", "ignore_eos",
+                         "random_input_len", "seed", "prompts", "release"]
+    assert rec["sampling"]["source"] == "server default", rec  # no --temperature sent
+    # what the run was asked, for `--compare` (tasks/bench.py SETTINGS)
+    assert (rec["concurrency"], rec["max_tokens"], rec["temperature"], rec["prompts"]) == (4, 96, None, str(prompts))
+    assert rec["release"] and not rec["ignore_eos"], rec
     assert 0 < rec["tpot_ms"]["p50"] <= rec["tpot_ms"]["p90"]
     # The stand-in's /metrics has vLLM's TTFT histogram but not its TPOT one.
     assert rec["server_ms"]["ttft_mean"] > 0 and rec["server_ms"]["tpot_mean"] is None

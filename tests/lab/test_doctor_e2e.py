@@ -129,8 +129,9 @@ def test_check_reports_each_rule_on_both_sides_of_its_range(lab, version, opts, 
 def test_seed_case_end_to_end(lab):
     """vLLM 0.20.1, the Qwen3.6-27B + DFlash profile as it was first deployed (~1.1% acceptance) (no runner env, prefix caching on in
     the base profile, which the shipped one now turns off): check names the offset and the sliding window; deployed anyway (the
-    FAIL accepted), the start-up log shows the unshifted tuple; at ~1.1% acceptance status
-    says broken and lists those findings as causes."""
+    FAIL accepted), the start-up log shows the unshifted tuple; at ~1.1% acceptance bench says
+    broken (its greedy probe too) and status, without greedy evidence, unconfirmed, listing
+    those findings as causes."""
     seed = profile(lab, "seed", "0.20.1", env="", caching=True)
     r, obj, _ = check(lab, seed)
     assert r.returncode == 1
@@ -154,15 +155,21 @@ def test_seed_case_end_to_end(lab):
         spec = json.loads(b.stdout.splitlines()[-1])["spec"]
         assert spec["acceptance_rate"] == pytest.approx(0.011, abs=0.01)
         assert spec["verdict"] == "broken" and spec["evidence"]["drafts"] >= 100, spec
+        # sampled at the server's default: the greedy probe confirms it (the stand-in's
+        # acceptance ignores sampling, as a drafter this broken does)
+        assert spec["evidence"]["greedy_probe"]["verdict"] == "broken", spec
         s = lab.fab("status", "--json", profile=prof)
-        st = json.loads(s.stdout.splitlines()[-1])["spec"]
-        assert st["verdict"] == "broken", st
+        status = json.loads(s.stdout.splitlines()[-1])
+        st = status["spec"]
+        # status sends no request, so no greedy evidence: unconfirmed, its causes still listed
+        assert status["sampling"]["source"] == "server default", status
+        assert st["verdict"] == "unconfirmed" and st["evidence"]["window_verdict"] == "broken", st
         rules = [f["rule"] for f in st["findings"]]
         assert rules[0] == "vllm-dflash-swa-ignored" and "vllm-dflash-layer-offset" in rules, rules
         assert [f["evidence"] for f in st["findings"] if f["rule"] == "vllm-dflash-layer-offset"] == ["log"]
         assert st["evidence"]["prefix_cache_hit_rate"] == pytest.approx(0.4, abs=0.01)
         assert re.search(r"prefix cache hit rate (39|40)\.\d% over the same window", s.stderr), s.stderr
-        assert "verdict: broken" in flat(s.stderr)
+        assert "verdict: unconfirmed" in flat(s.stderr) and "`fab bench --temperature 0`" in flat(s.stderr)
         assert re.search(r"likely cause 1: WARN vllm-dflash-swa-ignored \((version|log)\): .* fix: "
                          r"upgrade vLLM .* source: vllm-project/vllm issue #40898", flat(s.stderr)), s.stderr
     finally:

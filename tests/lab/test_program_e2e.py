@@ -5,7 +5,7 @@ import signal
 import subprocess
 import pytest
 from lab import REPO, wait_for
-from installs import installed, ok, run, userdir
+from installs import installed, ok, run, userdir  # noqa: F401 (fixtures)
 
 
 HOST_PYTHON = "/usr/bin/python3"

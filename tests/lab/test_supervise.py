@@ -315,3 +315,24 @@ def test_memory_that_does_not_come_back_gives_up_without_relaunching(lab):
     finally:
         (fake / "teardown_s").unlink(missing_ok=True)
     lab.fab("stop", profile=prof, timeout=120)
+
+
+def test_while_a_dead_servers_leftovers_are_ended_the_supervisor_does_not_say_running(lab):
+    # Seen on an H200 (vLLM 0.26.0): after kill -9 of the API server its EngineCore lingered
+    # and `fab status` said supervisor "running", 0 restarts, for the whole sweep of up to 30 s.
+    name = "sup-linger"
+    prof = profile(lab, name, 31108, {"STANDIN_IGNORE_TERM": "1"})
+    fab(lab, "deploy", profile=prof)
+    try:
+        server = server_pid(lab, name)
+        kids = [int(p) for p in open(f"/proc/{server}/task/{server}/children").read().split()]
+        assert kids, "the stand-in server has no engine child"
+        os.kill(server, signal.SIGKILL)
+        st = wait_for(lambda: (lambda s: s if s["supervisor"]["state"] != "running" else None)(status(lab, prof)[0]),
+                      20, "the supervisor to stop saying running")
+        assert any(alive(k) for k in kids), "the engine child was gone already: no sweep was watched"
+        assert st["supervisor"]["state"] == "waiting-for-gpu" and st["running"] is False, st
+        assert st["supervisor"]["restarts"] == 0, st
+    finally:
+        fab(lab, "stop", "--grace", "1", profile=prof)
+    assert not any(alive(k) for k in kids)

@@ -15,7 +15,6 @@ sleeps: every step waits on something the host shows). One test per class of sur
 import json
 import os
 import signal
-import stat
 import time
 
 import pytest
@@ -249,10 +248,14 @@ def test_a_failed_plain_deploy_puts_the_stopped_release_back(lab):
         for kind, command in (("cannot-exec", [orphan_script(lab, host)]),
                               ("exits", [HOST_PYTHON, "-c", "import sys; sys.exit(3)"])):
             bad = profile(lab, name, host, port, command=command, tag=kind)
-            r = fab(lab, "deploy", profile=bad, code=1)
-            out = flat(r.stdout)
+            r = fab(lab, "deploy", "--json", profile=bad, code=1)
+            out = flat(r.stderr)
             assert "server failed:" in out and f"put back release {first['release']}" in out, (kind, out)
+            rec = json.loads(r.stdout)  # the failed release's record, then what was put back
+            assert rec["ok"] is False and rec["release"] != first["release"], rec
+            assert set(rec["fatal"]) == {"rule", "line", "cause", "fix"}, rec
             now = server_record(lab, host, name)
+            assert rec["restored"] == {"release": first["release"], "pid": now["pid"]}, rec
             assert now["release"] == first["release"] and now["pid"] != first["pid"], (kind, now)
             assert host_pid_alive(lab, host, now["pid"]), kind
             st = status_json(lab, bad, 0)

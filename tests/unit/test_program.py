@@ -15,7 +15,7 @@ import functools
 import shutil
 import sys
 from lab import REPO
-from installs import installed, ok, run, userdir
+from installs import installed, ok, run, userdir  # noqa: F401 (fixtures)
 
 
 # Every task of the checkout's collection (what `fab --list` shows there), sorted.
@@ -85,9 +85,10 @@ def test_llmfab_keeps_fabs_help_and_exit_2_on_bad_arguments(installed, userdir):
     core = ok(run([bin_dir / "llmfab", "--help"], cwd=userdir)).stdout
     for flag in ("--hosts", "--ssh-config", "--identity", "--connect-timeout", "--prompt-for-passphrase"):
         assert flag in core
-    for argv in (["status", "--parallel", "abc"], ["deploy", "--bogus"]):
+    for argv, needle in ((["status", "--parallel", "abc"], "--parallel expects"),
+                         (["deploy", "--bogus"], "`llmfab --help TASK`")):
         r = run([bin_dir / "llmfab"] + argv, cwd=userdir)
-        assert r.returncode == 2 and r.stderr.startswith("error: ") and "`llmfab --help TASK`" in r.stderr, r.stderr
+        assert r.returncode == 2 and r.stderr.startswith("error: ") and needle in r.stderr, r.stderr
 
 
 def test_the_config_key_llmfab_profile_comes_from_the_users_fabric_config(installed, userdir, tmp_path):

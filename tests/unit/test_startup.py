@@ -99,6 +99,74 @@ def test_the_live_phase_follows_the_lines():
                     "kv_cache", "api_server", "ready"]
 
 
+# -- the real vLLM 0.26.0 on an H200 (CUDA build), recorded -----------------------------------
+# tests/fixtures/startup/vllm-0.26.0-h200-*.log: each a release's server.log cut after its
+# first "Application startup complete." (README there); the .json beside it: launch and ready.
+
+H200 = "vllm-0.26.0-h200-"
+H200_STARTS = ["compile-cold", "compile-warm", "spec-ngram", "spec-draft-self", "spec-draft-random"]
+
+
+@pytest.fixture
+def utc(monkeypatch):
+    import time
+    monkeypatch.setenv("TZ", "UTC")  # the host wrote its lines in UTC
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def recorded_h200(name):
+    meta = json.loads((FIXTURES / f"{H200}{name}.json").read_text())
+    return (FIXTURES / f"{H200}{name}.log").read_text(), meta
+
+
+def parse_h200(name):
+    text, meta = recorded_h200(name)
+    p = hs.Parser("vllm", meta["launched_at"], "0.26.0")
+    p.feed(text)
+    return text, meta, p, hs.phases(p, meta["ready_at"])
+
+
+@pytest.mark.parametrize("name", H200_STARTS)
+def test_every_recorded_gpu_start_is_named_from_launch_to_ready(utc, name):
+    text, meta, p, ph = parse_h200(name)
+    ats = [x["at"] for x in ph]
+    assert ats == sorted(ats) and ph[-1]["phase"] == "ready", ph
+    assert abs(sum(x["seconds"] for x in ph) - meta["ready_s"]) < 2.0, ph
+    # what no line names stays small: the engine's own lines account for the start
+    assert sum(x["seconds"] for x in ph if x["phase"] == "unaccounted") < 4.0, ph
+    got = startup.by_phase(ph)
+    # "Model loading took 0.0 GiB and 1.60 s" (V2 runner) / "... GiB memory and ..." (V1
+    # runner, speculative): the whole load, not only "Loading weights took 0.02 seconds"
+    assert got["weights"] >= 0.9, ph
+    assert {"process", "engine_start", "weights", "kv_cache", "api_server"} <= set(got)
+
+
+def test_the_cold_gpu_start_names_the_v2_kernel_warm_up(utc):
+    text, meta, p, ph = parse_h200("compile-cold")
+    assert "Using V2 Model Runner" in text
+    assert names(ph) == ["process", "engine_start", "weights", "compile", "cuda_graphs",
+                         "kernel_warmup", "kv_cache", "api_server", "ready"]
+    got = startup.by_phase(ph)
+    assert got["compile"] == pytest.approx(15.05, abs=0.01)  # "torch.compile took 15.05 s"
+    # "Free memory on device" 13:17:19 .. "Kernel JIT monitor activated" 13:17:35
+    assert got["kernel_warmup"] == pytest.approx(16.0, abs=0.01)
+    # "init engine (...) took 35.40 s" holds compile, graphs and the warm-up
+    assert got["kv_cache"] == pytest.approx(35.40 - 15.05 - 1.0 - 16.0, abs=0.6)
+    assert p.cache == "cold"
+
+
+def test_the_warm_gpu_start_reloads_its_compiled_graphs(utc):
+    text, meta, p, ph = parse_h200("compile-warm")
+    got = startup.by_phase(ph)
+    assert got["compile"] < 2.0 and got["kernel_warmup"] < 1.0, ph
+    assert p.cache == "warm"
+    cold = startup.by_phase(parse_h200("compile-cold")[3])
+    assert meta["ready_s"] < 0.6 * sum(cold.values())
+
+
 # -- SGLang, worded as its source prints them (python/sglang/srt/...) -------------------------
 
 SGLANG = """\

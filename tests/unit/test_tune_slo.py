@@ -87,6 +87,17 @@ def test_a_tie_within_one_percent_goes_to_the_simpler_variant():
     assert d["winner"] == "k=4" and not d["tie"] and "11.7% more than" not in d["why"], d
 
 
+def test_a_sweep_where_nothing_started_does_not_say_no_variant_met_the_bounds():
+    # Seen with two variants that both failed to start: "no variant meets the bounds at any
+    # load measured", as if loads had been measured and missed.
+    vs = [{"name": "a=1", "k": None, "capacity": None, "goodput": None, "points": []},
+          {"name": "a=2", "k": None, "capacity": None, "goodput": None, "points": []}]
+    d = slo.decide(vs, "concurrency")
+    assert d["winner"] is None and d["why"].startswith("no variant was measured: each failed to start"), d
+    vs[0]["points"] = [point(1, 0, False)]
+    assert slo.decide(vs, "concurrency")["why"] == "no variant meets the bounds at any load measured"
+
+
 def test_the_winner_per_load_range_reads_as_ranges():
     vs = [{"name": "k=4", "k": 4, "capacity": 8, "points": [point(1, 300), point(4, 700), point(8, 800), point(16, 0, False)]},
           {"name": "k=2", "k": 2, "capacity": 32, "points": [point(1, 250), point(4, 650), point(8, 900), point(32, 1500), point(64, 0, False)]},
@@ -136,3 +147,52 @@ def test_the_engine_help_parser_reads_flags_and_choices():
     got = parse_flags(text)
     assert got["max-num-seqs"] is None and got["dtype"] == ["auto", "half"]
     assert "gpu-memory-utilization" in got
+
+
+def tick_labels(svg):
+    """[(x, text)] of the x-axis tick labels of one chart (the row of labels under the axis)."""
+    import re
+    from tasks.tune.htmlreport import H, PAD_B
+    row = H - PAD_B + 16
+    return [(float(x), t) for x, y, t in re.findall(
+        r'<text x="([\d.]+)" y="([\d.]+)" text-anchor="middle" font-size="11">([^<]*)</text>', svg)
+        if float(y) == row]
+
+
+@pytest.mark.parametrize("tpots", [
+    [11, 13, 45, 38, 42, 20, 21, 36, 70, 41],   # the browser test's sweep: 22.2, 23.8, 24.4 ...
+    [40.0 + i / 10 for i in range(30)],          # thirty points within 3 ms
+    [20], [20, 20.1]])
+def test_no_two_x_tick_labels_of_a_chart_overlap(tpots):
+    from types import SimpleNamespace
+    from tasks.tune import loadcharts
+    pts = [{"load": i + 1, "score": 100.0 + i, "meets": True, "tpot_ms": {"p50": t},
+            "runs_slo_ms": [{"tpot_p50": t}] * 3} for i, t in enumerate(tpots)]
+    series = [(0, SimpleNamespace(name="k=2", profile=None), {"points": pts, "capacity": 1})]
+    for svg in (loadcharts.pareto_chart(series), loadcharts.goodput_chart(series, "concurrency"),
+                loadcharts.bound_chart(series, slo.parse_slo("tpot_p50<=40")[0], "concurrency")):
+        labels = sorted(tick_labels(svg))
+        assert labels, svg
+        for (xa, a), (xb, b) in zip(labels, labels[1:]):
+            assert xb - xa >= 6.5 * (len(a) + len(b)) / 2, labels  # at 11 px a character is < 6.5 px
+
+
+def test_tunes_record_of_repeated_runs_is_measures_one_summary():
+    """tune keeps what `fab bench --repeat` keeps (tasks/measure/repeats.py summarize), tpot
+    and server_ms too, and its spread is that summary's, renamed."""
+    from tasks.measure.repeats import summarize
+    from tasks.tune import results
+
+    def run(tps, tpot):
+        return {"host": "h1", "requests": 8, "errors": 0, "duration_s": 1.0, "requests_per_s": 8.0,
+                "output_tokens_per_s": tps, "ttft_ms": {"p50": 20, "p90": tps / 10},
+                "itl_ms": {"p50": 5.0, "p90": 6.0}, "tpot_ms": {"p50": tpot, "p90": tpot * 1.5},
+                "server_ms": {"ttft_mean": 9.0, "tpot_mean": tpot}, "spec": None}
+    runs = [run(100.0, 10.0), run(130.0, 12.5), run(90.0, 11.0), run(120.0, 14.0)]
+    want = summarize([dict(r) for r in runs])
+    rec = results.measured("k=2", {}, "h1", "r1", 4, runs)
+    for key in ("output_tokens_per_s", "ttft_ms", "itl_ms", "tpot_ms", "server_ms", "requests_per_s"):
+        assert rec[key] == want[key], key
+    assert rec["output_tokens_per_s"] == 110.0 and rec["tpot_ms"]["p50"] == 11.75
+    assert rec["repeats"] == 4
+    assert rec["spread"]["output_tokens_per_s"] == want["repeat"]["spread"]["output tok/s"]

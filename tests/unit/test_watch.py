@@ -3,7 +3,6 @@ files and sockets: it answers when the state the client last saw changes, not af
 poll interval. (How fast it answers is measured in benchmarks/, not here.)"""
 import http.server
 import json
-import os
 import subprocess
 import sys
 import threading

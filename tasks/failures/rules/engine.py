@@ -78,6 +78,17 @@ RULES = (
                  "vLLM 0.2-0.33 vllm/config.py, then vllm/config/model.py verify_with_parallel_config "
                  "(a pydantic 'Value error, ...' for VllmConfig in 0.10+)"),)),
     Rule(
+        "not-enough-gpus", "more GPUs asked for than the host shows", 84,
+        "the engine needs {world} GPUs (tensor-parallel-size x pipeline-parallel-size) and sees {gpus} "
+        "on this host",
+        "set `tensor-parallel-size` (and `pipeline-parallel-size`) in [server.args] so that their "
+        "product is at most {gpus}, or make more GPUs visible to it ([gpu] devices, "
+        "CUDA_VISIBLE_DEVICES); across several hosts use a [cluster] profile",
+        (Pattern(r"World size \((?P<world>\d+)\) is larger than the number of available GPUs "
+                 r"\((?P<gpus>\d+)\)",
+                 "vLLM 0.1x-0.26 vllm/config/parallel.py ParallelConfig (a pydantic 'Value error, ...'); "
+                 "seen in vLLM 0.26.0 on an H200 with tensor-parallel-size 3 on one GPU"),)),
+    Rule(
         "bf16-unsupported", "GPU cannot run bfloat16", 84,
         "the {gpu} GPU ({cc}) has no bfloat16; the model asks for it",
         "set `dtype = \"half\"` in [server.args]",
@@ -132,6 +143,16 @@ RULES = (
         "set [server.env] VLLM_USE_V2_MODEL_RUNNER = \"1\"",
         (Pattern(r"DFlash drafters with mixed sliding/full attention require the V2 model runner",
                  "vLLM >= 0.26 vllm/model_executor/models/qwen3_dflash.py _resolve_layer_attention"),)),
+    Rule(
+        "flashinfer-missing", "FlashInfer is not installed", 86,
+        "the engine imports FlashInfer (vLLM's CUDA build requires it: its top-k/top-p sampler uses "
+        "it unless told not to) and the server's environment has no `flashinfer` module",
+        "set [server.env] VLLM_USE_FLASHINFER_SAMPLER = \"0\" (vLLM then samples without it), or "
+        "install flashinfer-python built for this vLLM and torch into the server's environment",
+        (Pattern(r"ModuleNotFoundError: No module named 'flashinfer'",
+                 "vLLM 0.26.0 vllm/v1/sample/ops/topk_topp_sampler.py flashinfer_sampler_supported "
+                 "(imports vllm/v1/attention/backends/flashinfer.py unless VLLM_USE_FLASHINFER_SAMPLER "
+                 "is 0; flashinfer is in requirements/cuda.txt); seen in vLLM 0.26.0 on an H200"),)),
     Rule(
         "engine-metadata-missing", "engine build cannot read its own version", 86,
         "the engine's entry point asked importlib.metadata for the distribution `{dist}`, which is not "

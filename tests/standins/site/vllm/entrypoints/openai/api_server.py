@@ -165,7 +165,8 @@ class Server:
         self.hold = GpuHold(used, server_share)
         self.child = EngineChild("VLLM::EngineCore", used, k.gpu_mib - server_share, k)
         self.core = "(EngineCore_DP0 pid=%d) " % self.child.pid
-        clog = (lambda msg, where, level="INFO": log(msg, where, level, prefix=self.core))
+        def clog(msg, where, level="INFO"):
+            log(msg, where, level, prefix=self.core)
         clog("Waiting for init message from front-end.", "core.py:644")
         clog("Initializing a V1 LLM engine (v%s) with config: model=%r, speculative_config=%s, "
              "tokenizer=%r, dtype=torch.bfloat16, max_seq_len=%d, tensor_parallel_size=%d, "

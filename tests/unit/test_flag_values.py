@@ -1,0 +1,67 @@
+"""Every flag of every task given a bad value: exit 2 with one line naming the flag and the value.
+
+Run in-process through the installed program's parser (tasks/program.py), so every task and
+flag that `fab --help` lists is tried; a flag whose default in tasks/cli.py is a number would
+be converted by Invoke itself, whose error names neither the flag nor what it takes."""
+import inspect
+
+import pytest
+
+from tasks import ns
+from tasks.program import make_program
+
+# A bad value for each flag that takes a constrained one (the file-path and free-text flags
+# --profile, --prompts, --out, --resume, --profiles take any text; --grep any valid regex).
+BAD = {
+    "parallel": "abc", "timeout": "soon", "grace": "abc", "lines": "many", "keep": "abc",
+    "rolling": "two", "gpus": "a,b", "requests": "x", "concurrency": "x", "max-tokens": "x",
+    "repeat": "x", "seed": "x", "temperature": "hot", "random-input-len": "x",
+    "input-len": "x", "max-load": "x", "slots": "x", "load": "x", "objective": "x",
+    "slo": "x", "vary": "x", "compare": "x", "release": "../x", "grep": "(",
+}
+
+
+def flag_cases():
+    for name in sorted(ns.task_names):
+        params = inspect.signature(ns[name].body).parameters
+        for param in list(params)[1:]:
+            flag = param.replace("_", "-")
+            if isinstance(params[param].default, bool):
+                continue
+            if flag in BAD:
+                yield name, flag
+
+
+def test_no_task_flag_has_a_value_default_that_invoke_would_convert():
+    # Invoke converts a flag itself (int(), float()) when its default is a number; its error
+    # names neither the flag nor the value. Defaults live in tasks/options.py instead.
+    for name in ns.task_names:
+        for param, p in list(inspect.signature(ns[name].body).parameters.items())[1:]:
+            assert p.default is None or isinstance(p.default, bool), (name, param, p.default)
+
+
+@pytest.mark.parametrize("task,flag", list(flag_cases()))
+def test_a_bad_flag_value_is_exit_2_naming_the_flag_and_the_value(task, flag, capsys):
+    value = BAD[flag]
+    with pytest.raises(SystemExit) as e:
+        make_program().run(["llmfab", task, f"--{flag}", value])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert f"--{flag}" in err and repr(value) in err, err
+
+
+def test_a_short_flag_means_one_flag_in_every_task_and_none_is_a_core_flag():
+    from fabric.main import program as fab  # `fab` (-c: collection) and `llmfab` (none)
+    core = {name for program in (fab, make_program()) for arg in program.core_args() + fab.task_args()
+            for name in arg.names if len(name) == 1}
+    assert {"c", "d", "H", "i", "p", "S", "t"} <= core
+    meaning = {}
+    for name in ns.task_names:
+        for arg in ns[name].get_arguments():
+            long, shorts = arg.names[0], [n for n in arg.names[1:] if len(n) == 1]
+            assert all(len(n) > 1 for n in arg.names[:1]) and len(shorts) <= 1, (name, arg.names)
+            for short in shorts:
+                assert short not in core, (name, long, short)
+                assert meaning.setdefault(short, long) == long, (name, short, long, meaning[short])
+    assert meaning == {"j": "json", "n": "dry-run", "v": "vary"}
