@@ -228,7 +228,7 @@ def targets(c, profile=None, out=None, parallel=None, accept_new_host_keys=False
               "size and mtime did not change) and fetch again what is wrong",
     "json": "print one JSON object per host on stdout (human text goes to stderr)",
 })
-def pull(c, profile=None, verify=False, json=False, parallel=32, accept_new_host_keys=False):
+def pull(c, profile=None, verify=False, json=False, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "pull", locals())
 
 

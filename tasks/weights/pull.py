@@ -70,7 +70,6 @@ def pull(c, opts):
     files = {(d["path"], f["path"]): f for d in dirs for f in d["files"]}
     names = hosts_for(c, profile)
     reporter = Reporter(names, json_mode=opts.json)
-    total = sum(f["size"] for f in files.values())
     for d in dirs:
         reporter.line("", f"{d['source']}: {len(d['files'])} files, "
                           f"{_mib(sum(f['size'] for f in d['files']))} -> {d['path']}")

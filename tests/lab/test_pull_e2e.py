@@ -11,14 +11,12 @@ import json
 import os
 import signal
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from helpers import Background, fab, flat, write_profile
-from lab import REPO, HostLab, wait_for
+from lab import HostLab, wait_for
 
 HOSTS = [f"h{i}" for i in range(1, 9)]
 MODEL = "/root/models/gen-model"

@@ -1,6 +1,5 @@
 """`[weights]` in the profile (tasks/weights/sources.py): which keys it takes, and what a
 pulled model changes at launch (HF_HUB_OFFLINE=1) and in the preflight (the fix `fab pull`)."""
-import os
 
 import pytest
 
