@@ -7,7 +7,7 @@ import sys
 import sysconfig
 from pathlib import Path
 import pytest
-from lab import REPO
+from hostlab import REPO
 
 
 USER_TASKS = 'from invoke import task\n\n\n@task\ndef hello(c):\n    """The user\'s own task."""\n'

@@ -14,7 +14,7 @@ import configparser
 import functools
 import shutil
 import sys
-from lab import REPO
+from hostlab import REPO
 from installs import installed, ok, run, userdir  # noqa: F401 (fixtures)
 
 

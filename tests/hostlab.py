@@ -749,7 +749,7 @@ class HostLab:
 
 
 def main():
-    """`python tests/lab.py N [--pidns 2,3]`: start a lab, print where it is, wait for Ctrl-C."""
+    """`python tests/hostlab.py N [--pidns 2,3]`: start a lab, print where it is, wait for Ctrl-C."""
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("n", type=int, nargs="?", default=3)
