@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from helpers import Background, fab, flat, write_profile
-from lab import HostLab, wait_for
+from hostlab import HostLab, wait_for
 
 HOSTS = [f"h{i}" for i in range(1, 9)]
 MODEL = "/root/models/gen-model"
