@@ -13,7 +13,7 @@ import subprocess
 import time
 
 from harness import HERE, HOST_PY, PY, LineClock, RunFailed
-from lab import wait_for
+from hostlab import wait_for
 from latency import fab_argv, standin_profile
 
 LOAD_S = float(os.environ.get("LLMFAB_BENCH_LOAD_S", "60"))  # the issue's bar: 60 s
@@ -42,7 +42,7 @@ def _med(rows):
 
 
 def _ticks(pid, children=False):
-    from lab import proc_stat
+    from hostlab import proc_stat
     fields = proc_stat(pid)[1]
     own = int(fields[11]) + int(fields[12])
     return (own, int(fields[13]) + int(fields[14])) if children else own
@@ -50,7 +50,7 @@ def _ticks(pid, children=False):
 
 def _agent_pid(lab, host):
     """The agent: the process under the host's ssh sessions that runs the bootstrap."""
-    from lab import _descendants, _proc_table
+    from hostlab import _descendants, _proc_table
     table = _proc_table()
     for pid in _descendants(lab.sshd_pid(host), table):
         try:

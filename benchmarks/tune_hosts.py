@@ -2,7 +2,7 @@
 
     sudo python3 benchmarks/tune_hosts.py [--variants 6] [--rounds 1] [--out F.json]
 
-Builds a lab of 3 namespace hosts (tests/lab.py: real sshd each) running the stand-in vLLM
+Builds a lab of 3 namespace hosts (tests/hostlab.py: real sshd each) running the stand-in vLLM
 (acceptance falling by draft position, a cost per drafted token, 0.5 s of "loading"), and
 times the whole `fab tune` command, wall clock, for the same sweep (k = 1..N, concurrency
 1 and 4, 8 requests of 64 tokens, repeat 2) with `-H h1` and with `-H h1,h2,h3`, side by
@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from lab import HostLab  # noqa: E402
+from hostlab import HostLab  # noqa: E402
 
 
 def profile(lab, name, port):

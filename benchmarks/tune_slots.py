@@ -2,7 +2,7 @@
 
     sudo python3 benchmarks/tune_slots.py [--rounds 1] [--out F.json]
 
-Builds a lab of one namespace host (tests/lab.py: real sshd) with 8 fake GPUs, running the
+Builds a lab of one namespace host (tests/hostlab.py: real sshd) with 8 fake GPUs, running the
 stand-in vLLM (0.5 s of "loading"), and times the whole `fab tune --slo` command, wall clock,
 for the same sweep of 8 one-GPU variants (`server.args.max-num-seqs=1..8`, a bound every load
 meets, --max-load 4: load points 1 and 4, 3 runs each) with `--slots 1` (one variant at a
@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from lab import HostLab  # noqa: E402
+from hostlab import HostLab  # noqa: E402
 
 
 def profile(lab, name, port):

@@ -124,6 +124,12 @@ class StatusOptions(Common):
 
 
 @dataclasses.dataclass(frozen=True)
+class PullOptions(Common):
+    json: bool = False
+    verify: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class StopOptions(Common):
     grace: float = 30.0
     json: bool = False

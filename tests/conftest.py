@@ -24,7 +24,7 @@ import os
 import pytest
 
 import realengine
-from lab import HostLab, missing_prerequisites
+from hostlab import HostLab, missing_prerequisites
 from standins import build_ml_env
 
 

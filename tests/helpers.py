@@ -3,7 +3,7 @@
 - TARGET, DRAFT: the config.json of Qwen3.6-27B and of z-lab's DFlash drafter for it, as
   the preflight's model checks read them (fields as published on their model cards).
 - write_profile, vllm_profile, fab, Background, deployment, ...: driving the real `fab`
-  against a lab host with the stand-in vLLM (tests/lab.py, tests/standins).
+  against a lab host with the stand-in vLLM (tests/hostlab.py, tests/standins).
 - VLLM, tomlish: the smallest vLLM profile, and a hypothesis strategy of TOML-ish profile
   documents (sections, keys and values a user might write, valid or not) for the fuzz tests.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from lab import REPO, wait_for
+from hostlab import REPO, wait_for
 
 HOST_PYTHON = "/usr/bin/python3"
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from lab import REPO
+from hostlab import REPO
 from tasks.errors import ProfileError
 from tasks.profile import tomllib
 from helpers import deployment, fab, host_pid_alive

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from lab import REPO, HostLab
+from hostlab import REPO, HostLab
 from helpers import DRAFT, TARGET, flat
 
 pytestmark = pytest.mark.e2e

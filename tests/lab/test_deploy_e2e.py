@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lab import REPO
+from hostlab import REPO
 from tasks.profile.toml_text import dumps
 from helpers import DRAFT, TARGET
 

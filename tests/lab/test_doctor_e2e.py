@@ -14,7 +14,7 @@ import re
 import pytest
 
 from helpers import flat
-from lab import REPO, HostLab
+from hostlab import REPO, HostLab
 from standins import build_ml_env
 from helpers import DRAFT, TARGET
 

@@ -19,7 +19,7 @@ import pytest
 
 from helpers import (HOST_PYTHON, Background, squat_port, deployment, fab, flat, host_pid_alive,  # noqa: F401
                      launched_once, releases, server_record, vllm_profile, write_profile)
-from lab import wait_for
+from hostlab import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -1,6 +1,6 @@
 """Fleets (issue 4): many hosts in parallel, and SSH hygiene, with the real `fab` and sshd.
 
-One 8-host lab for the module (tests/lab.py) plus its `unreachable`, `unknownkey` and
+One 8-host lab for the module (tests/hostlab.py) plus its `unreachable`, `unknownkey` and
 `silent` hosts. The server is configs/demo_server.py (engine = "command"). Tests that
 trust a new key or add ssh_config options work on copies of the lab's ssh_config and
 known_hosts, so nothing they accept leaks into other tests.
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 import pytest
-from lab import REPO, HostLab
+from hostlab import REPO, HostLab
 
 
 HOST_PYTHON = "/usr/bin/python3"

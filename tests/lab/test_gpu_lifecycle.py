@@ -13,7 +13,7 @@ import pytest
 
 import helpers
 from helpers import write_profile
-from lab import HostLab, alive
+from hostlab import HostLab, alive
 
 pytestmark = pytest.mark.e2e
 

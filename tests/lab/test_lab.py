@@ -7,7 +7,7 @@ import time
 import paramiko
 import pytest
 
-from lab import RUN_DIR, HostLab, wait_for
+from hostlab import RUN_DIR, HostLab, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,4 @@
-"""Logs, releases, rollback and the deploy lock against real sshd hosts (tests/lab.py), with a tiny `engine = "command"` server."""
+"""Logs, releases, rollback and the deploy lock against real sshd hosts (tests/hostlab.py), with a tiny `engine = "command"` server."""
 import json
 import os
 import signal
@@ -8,10 +8,10 @@ import threading
 import time
 from pathlib import Path
 import pytest
-from lab import REPO, wait_for
+from hostlab import REPO, wait_for
 
 
-# -- end to end, against real sshd hosts (tests/lab.py) ----------------------------------
+# -- end to end, against real sshd hosts (tests/hostlab.py) ----------------------------------
 HOST_PYTHON = "/usr/bin/python3"
 
 

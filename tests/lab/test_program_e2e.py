@@ -4,7 +4,7 @@ import shutil
 import signal
 import subprocess
 import pytest
-from lab import REPO, wait_for
+from hostlab import REPO, wait_for
 from installs import installed, ok, run, userdir  # noqa: F401 (fixtures)
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from lab import REPO, alive, wait_for
+from hostlab import REPO, alive, wait_for
 
 pytestmark = pytest.mark.e2e
 

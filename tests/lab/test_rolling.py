@@ -18,7 +18,7 @@ import urllib.request
 import pytest
 import helpers
 from helpers import write_profile
-from lab import REPO, HostLab, starttime, wait_for
+from hostlab import REPO, HostLab, starttime, wait_for
 
 
 HOSTS = [f"h{i}" for i in range(1, 7)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import HostLab, wait_for
+from hostlab import HostLab, wait_for
 from tasks.profile.toml_text import dumps
 
 SERVER = Path(__file__).resolve().parents[1] / "servers" / "signal_server.py"

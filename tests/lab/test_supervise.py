@@ -19,7 +19,7 @@ import pytest
 
 import helpers
 from helpers import flat, write_profile
-from lab import REPO, HostLab, alive, wait_for
+from hostlab import REPO, HostLab, alive, wait_for
 
 HOST = "h1"  # shares this machine's PID namespace: pids from the host are ours too
 MIB = 1024

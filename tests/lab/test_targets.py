@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 import helpers
 from helpers import write_profile
-from lab import HostLab
+from hostlab import HostLab
 
 
 PORT = 18470

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from helpers import HOST_PYTHON, Background, deployment, fab, flat, host_pid_alive, server_record, write_profile
-from lab import wait_for
+from hostlab import wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -2,7 +2,7 @@
 import json
 import subprocess
 import pytest
-from lab import REPO
+from hostlab import REPO
 from realengine import VLLM_PYTHON
 from tasks.steps.argv import vllm_entry
 from tasks.hostside import engineid

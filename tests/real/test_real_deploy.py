@@ -23,7 +23,7 @@ import pytest
 
 import realengine
 from helpers import Background, fab, write_profile
-from lab import REPO, HostLab, wait_for
+from hostlab import REPO, HostLab, wait_for
 
 # Each step may wait for the machine-wide lock (another suite's real server) and for a start
 # of the engine on a loaded machine: more than the suite's default 300 s.

@@ -14,7 +14,7 @@ import pytest
 
 import realengine
 from helpers import fab, flat, squat_port, write_profile
-from lab import HostLab
+from hostlab import HostLab
 
 # The first case waits for the real-engine lock while another suite holds it (a whole module).
 pytestmark = [pytest.mark.e2e, pytest.mark.real_engine, pytest.mark.timeout(1800)]

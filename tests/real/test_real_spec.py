@@ -37,7 +37,7 @@ import pytest
 
 import realengine
 from helpers import fab, write_profile
-from lab import HostLab, wait_for
+from hostlab import HostLab, wait_for
 
 # The first test's set-up waits for the machine-wide lock (another suite's real server) and
 # starts the lab: more than setup.cfg's 300 s can pass before a test of its own begins.

@@ -23,7 +23,7 @@ import sys
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lab import REPO
+from hostlab import REPO
 from tasks.errors import ProfileError
 from tasks.steps.launcher import render_launcher
 from tasks.profile import load_profile

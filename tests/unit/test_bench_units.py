@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tasks import bench
-from tasks.measure import bench_stats as benchstats, metrics
+from tasks.measure import bench_stats, metrics
 from tasks.errors import UsageError
 from tasks.transport.agent import Host
 
@@ -65,8 +65,8 @@ def test_bench_window_acceptance_excludes_earlier_traffic(agent):
     after = metrics.parse(raw["after"]["text"])
     assert before.get(metrics.DRAFTS) > 0, "counters were non-zero before the window"
     window_drafts = after.get(metrics.DRAFTS) - before.get(metrics.DRAFTS)
-    rec = benchstats.record("local", raw, benchstats.window_spec(raw, "vllm"))
-    assert list(rec) == list(benchstats.FIELDS + benchstats.EXTRA_FIELDS)
+    rec = bench_stats.record("local", raw, bench_stats.window_spec(raw, "vllm"))
+    assert list(rec) == list(bench_stats.FIELDS + bench_stats.EXTRA_FIELDS)
     assert rec["requests"] == 12 and rec["errors"] == 0
     assert rec["spec"]["acceptance_rate"] == pytest.approx(0.62, abs=0.01)
     # 15 drafted per step, 62 % of them accepted: 1 + 0.62 * 15 tokens per step.
@@ -87,8 +87,8 @@ def test_no_speculative_decoding_and_status_metrics(agent):
         status = metrics.status_metrics(agent, _Profile, {"port": port}, interval=0.2)
     finally:
         server.shutdown()
-    assert benchstats.window_spec(raw, "vllm") is None
-    assert benchstats.human_lines(benchstats.record("local", raw, None), "vllm")[-1] \
+    assert bench_stats.window_spec(raw, "vllm") is None
+    assert bench_stats.human_lines(bench_stats.record("local", raw, None), "vllm")[-1] \
         == "no speculative decoding"
     assert status["spec"] is None and status["lines"][0] == "no speculative decoding"
     assert status["generation_tokens_per_s"] == 0.0
@@ -125,11 +125,11 @@ class _Profile:
 
 
 def test_percentile_interpolates_like_numpy():
-    assert benchstats.percentile([], 50) is None
-    assert benchstats.percentile([3.0], 90) == 3.0
-    assert benchstats.percentile([1, 2, 3, 4], 50) == 2.5
-    assert benchstats.percentile(list(range(11)), 90) == pytest.approx(9.0)
-    assert benchstats.percentile([10, 0, 5], 90) == pytest.approx(9.0)
+    assert bench_stats.percentile([], 50) is None
+    assert bench_stats.percentile([3.0], 90) == 3.0
+    assert bench_stats.percentile([1, 2, 3, 4], 50) == 2.5
+    assert bench_stats.percentile(list(range(11)), 90) == pytest.approx(9.0)
+    assert bench_stats.percentile([10, 0, 5], 90) == pytest.approx(9.0)
 
 
 def test_prompt_files(tmp_path):
@@ -219,26 +219,26 @@ def test_compare_warns_naming_each_setting_in_which_two_runs_differ(tmp_path):
 def test_random_prompts_are_token_ids_of_the_model_vocabulary(tmp_path):
     """--random-input-len: N ids each, seeded, none of them a special token, read from the
     model's tokenizer.json on the host (here a small one in the layout of the tiny model's)."""
-    from tasks.hostside import bench as hostbench
+    import tasks.hostside.bench
     from tasks.hostside.common import HostError
     tok = {"model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(40)}},
            "added_tokens": [{"id": 0, "content": "<unk>", "special": True},
                             {"id": 2, "content": "</s>", "special": True},
                             {"id": 39, "content": "word", "special": False}]}
     (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
-    prompts = hostbench.random_prompts(str(tmp_path), 5, 300, seed=0)
+    prompts = tasks.hostside.bench.random_prompts(str(tmp_path), 5, 300, seed=0)
     assert len(prompts) == 5 and all(len(p["prompt"]) == 300 for p in prompts)
     ids = {i for p in prompts for i in p["prompt"]}
     assert ids <= set(range(40)) - {0, 2} and 39 in ids and len(ids) > 30
-    assert prompts == hostbench.random_prompts(str(tmp_path), 5, 300, seed=0)
-    assert prompts != hostbench.random_prompts(str(tmp_path), 5, 300, seed=1)
+    assert prompts == tasks.hostside.bench.random_prompts(str(tmp_path), 5, 300, seed=0)
+    assert prompts != tasks.hostside.bench.random_prompts(str(tmp_path), 5, 300, seed=1)
     with pytest.raises(HostError, match="needs the model's tokenizer.json on the host"):
-        hostbench.random_prompts(str(tmp_path / "nope"), 1, 8, seed=0)
+        tasks.hostside.bench.random_prompts(str(tmp_path / "nope"), 1, 8, seed=0)
 
 
 def test_ignore_eos_and_token_id_prompts_reach_the_request_body():
-    from tasks.hostside import bench as hostbench
-    path, body = hostbench._request_for({"prompt": [5, 6, 7]}, "m", 16, {"ignore_eos": True})
+    import tasks.hostside.bench
+    path, body = tasks.hostside.bench._request_for({"prompt": [5, 6, 7]}, "m", 16, {"ignore_eos": True})
     assert path == "/v1/completions" and body["prompt"] == [5, 6, 7] and body["ignore_eos"] is True
 
 
@@ -303,23 +303,23 @@ def test_ttft_itl_and_tpot_count_the_chunks_that_carry_tokens_as_vllm_bench_serv
     assert sample["itl_s"] == [1.0, 1.0, 1.0]
     assert sample["last_token_s"] == first + 3
     assert sample["latency_s"] == first + 5
-    assert benchstats.tpot_s(sample) == 1.0
+    assert bench_stats.tpot_s(sample) == 1.0
 
 
 def _request_with_ticking_clock(monkeypatch, server):
     """One streamed request through the host side's one_request, its clock ticking 1 s per
     reading (start, each data chunk, end): the times it records are the chunks' order."""
-    from tasks.hostside import bench as hostbench
+    import tasks.hostside.bench
     ticks = iter(range(1000))
 
     class Clock:
         @staticmethod
         def perf_counter():
             return float(next(ticks))
-    monkeypatch.setattr(hostbench, "time", Clock)
+    monkeypatch.setattr(tasks.hostside.bench, "time", Clock)
     try:
         url = "http://127.0.0.1:%d/v1/completions" % server.server_address[1]
-        return hostbench.one_request(url, {"prompt": "x"}, {"Content-Type": "application/json"}, 10)
+        return tasks.hostside.bench.one_request(url, {"prompt": "x"}, {"Content-Type": "application/json"}, 10)
     finally:
         server.shutdown()
         server.server_close()
@@ -343,7 +343,7 @@ def test_every_token_chunk_of_a_real_vllm_stream_counts(name, tokens, first, mon
     assert sample["ttft_s"] == first
     assert len(sample["itl_s"]) == tokens - 1 and set(sample["itl_s"]) == {1.0}
     assert sample["last_token_s"] == first + tokens - 1
-    assert benchstats.tpot_s(sample) == 1.0
+    assert bench_stats.tpot_s(sample) == 1.0
 
 
 def test_the_servers_own_ttft_and_tpot_over_the_window_and_the_burst_note():
@@ -355,17 +355,17 @@ def test_the_servers_own_ttft_and_tpot_over_the_window_and_the_burst_note():
     raw = {"before": {"text": (fixtures / "vllm_cpu_0.32.0_draft_model_start.txt").read_text()},
            "after": {"text": (fixtures / "vllm_cpu_0.32.0_draft_model_after.txt").read_text()},
            "samples": [], "duration_s": 1.0}
-    srv = benchstats.window_server(raw)
+    srv = bench_stats.window_server(raw)
     assert srv == {"ttft_mean": round(1000 * 0.19354009628295898 / 3, 3),
                    "tpot_mean": round(1000 * 0.00960647657447022 / 3, 3)}
-    assert benchstats.window_server(dict(raw, after={"text": (fixtures / "sglang_metrics.txt").read_text()})) is None
-    assert benchstats.window_server(dict(raw, after={"text": None})) is None
-    rec = benchstats.record("h1", raw, None)
+    assert bench_stats.window_server(dict(raw, after={"text": (fixtures / "sglang_metrics.txt").read_text()})) is None
+    assert bench_stats.window_server(dict(raw, after={"text": None})) is None
+    rec = bench_stats.record("h1", raw, None)
     assert rec["server_ms"] == srv and list(rec)[-1] == "server_ms"
 
     def lines(itl_p50):
         r = dict(rec, itl_ms={"p50": itl_p50, "p90": itl_p50}, tpot_ms={"p50": 1.0, "p90": 2.0})
-        return [str(getattr(l, "headline", l)) for l in benchstats.human_lines(r, "vllm")]
+        return [str(getattr(l, "headline", l)) for l in bench_stats.human_lines(r, "vllm")]
     clear = lines(3.0)
     assert "server's own    TTFT mean 64.5 ms, TPOT mean 3.20 ms (its /metrics over the window)" in clear
     assert not any(l.startswith("note: the tokens reached") for l in clear)

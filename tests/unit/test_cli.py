@@ -2,10 +2,10 @@
 import subprocess
 import sys
 import pytest
-from lab import REPO
+from hostlab import REPO
 
 
-TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "releases", "rollback", "status", "stop", "tail-log", "targets",
+TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "pull", "releases", "rollback", "status", "stop", "tail-log", "targets",
          "tune"]
 
 

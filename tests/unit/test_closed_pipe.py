@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from lab import REPO
+from hostlab import REPO
 
 
 def fab_into_closed_pipe(*args):

@@ -10,7 +10,7 @@ import json
 import subprocess
 import pytest
 from helpers import fab, flat, vllm_profile
-from lab import REPO, HostLab
+from hostlab import REPO, HostLab
 from standins import build_ml_env, fake_model_dir
 from tasks.steps.argv import ENTRY_BY_NAME, VLLM_ENTRIES, entry_from_checks, server_argv, vllm_entry
 from tasks.hostside import engineid

@@ -11,8 +11,8 @@ from tasks.errors import UsageError
 from tasks.profile import load_profile
 from tasks.options import KillGpuProcsOptions
 
-from tasks import kill_gpu_procs as gpucmd
-from tasks.steps import gpu_memory as gpuwait
+from tasks import kill_gpu_procs
+from tasks.steps import gpu_memory
 from tasks.errors import OperationFailed
 from tasks.transport.agent import Host
 
@@ -55,9 +55,9 @@ def test_profile_devices(tmp_path, devices, env, expected):
 def test_selection_flags(tmp_path):
     prof = profile_with(tmp_path, (1,))
     opts = KillGpuProcsOptions.from_flags
-    assert gpucmd.selection(opts(), prof) == [1]
-    assert gpucmd.selection(opts(all=True), prof) is None
-    assert gpucmd.selection(opts(gpus="0,2"), prof) == [0, 2]
+    assert kill_gpu_procs.selection(opts(), prof) == [1]
+    assert kill_gpu_procs.selection(opts(all=True), prof) is None
+    assert kill_gpu_procs.selection(opts(gpus="0,2"), prof) == [0, 2]
     with pytest.raises(UsageError):
         opts(gpus="0", all=True)
 
@@ -70,7 +70,7 @@ def test_tolerance_and_limits():
     assert baseline_limits(base) == {1: 30600} and baseline_limits(None) == {}
     gpus = [{"index": 0, "used_mib": 5274}, {"index": 1, "used_mib": None}]
     targets = [{"gpus": [{"index": 0, "used_mib": 2590}]}, {"gpus": [{"index": 0, "used_mib": None}]}]
-    assert gpucmd._limits(gpus, targets) == {0: 2684 + 256}
+    assert kill_gpu_procs._limits(gpus, targets) == {0: 2684 + 256}
 
 
 @pytest.fixture
@@ -86,14 +86,14 @@ def local_host(tmp_path):
 
 def test_wait_freed_returns_readings_once_under_the_limit(local_host):
     host, smi = local_host
-    gpus = gpuwait.wait_freed(host, nvidia_smi=smi, limits={0: 41891}, timeout=5)
+    gpus = gpu_memory.wait_freed(host, nvidia_smi=smi, limits={0: 41891}, timeout=5)
     assert [(g["index"], g["used_mib"]) for g in gpus] == [(0, 41891)]
 
 
 def test_wait_freed_names_the_holders_when_time_runs_out(local_host):
     host, smi = local_host
     with pytest.raises(OperationFailed) as e:
-        gpuwait.wait_freed(host, nvidia_smi=smi, limits={0: 256}, timeout=0.5, what="GPU memory of x")
+        gpu_memory.wait_freed(host, nvidia_smi=smi, limits={0: 256}, timeout=0.5, what="GPU memory of x")
     assert "GPU memory of x not freed after 0 s: GPU 0 uses 41891 MiB (limit 256 MiB)" in e.value.message
     # The container case: pids of another namespace (plus whatever holds /dev/nvidia0 here).
     assert {"pid 1283556 (GPU 0, 40210 MiB, via nvidia-smi; not a process of this PID namespace)",

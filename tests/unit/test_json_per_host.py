@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from lab import REPO
+from hostlab import REPO
 
 JSON_TASKS = ["status", "check", "releases", "bench", "deploy", "rollback", "stop",
               "kill-gpu-procs"]

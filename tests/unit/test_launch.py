@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lab import wait_for
+from hostlab import wait_for
 from tasks.steps.launcher import render_launcher
 from tasks.profile import load_profile
 

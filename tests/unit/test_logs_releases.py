@@ -2,7 +2,7 @@
 
 Unit tests cover the pure parts (line assembly, UTF-8 across chunk boundaries, the
 host's backwards tail, prune, the releases table); the e2e tests run the real `fab`
-against real sshd hosts (tests/lab.py) with a tiny `engine = "command"` server.
+against real sshd hosts (tests/hostlab.py) with a tiny `engine = "command"` server.
 
 Here: the rest; the tests on lab hosts are in tests/lab/test_logs_releases_e2e.py."""
 import base64
@@ -12,8 +12,8 @@ import random
 import threading
 import pytest
 from tasks.releases import describe_end, previous_release, rows, stamp_time, table_lines
-from tasks.hostside import logs as hlogs
-from tasks.hostside import releases as hreleases
+from tasks.hostside import logs
+from tasks.hostside import releases
 from tasks.options import TailLogOptions
 from tasks.log_lines import LineAssembler, is_fatal, utf8_boundary
 from tasks.errors import UsageError
@@ -105,28 +105,28 @@ def test_tail_log_options_validate_locally():
 
 @pytest.mark.parametrize("block", [1, 3, 16, 64 * 1024])
 def test_last_lines_matches_a_forward_reading(monkeypatch, block):
-    monkeypatch.setattr(hlogs, "BLOCK", block)
+    monkeypatch.setattr(logs, "BLOCK", block)
     rnd = random.Random(block)
     body = b"".join(b"%d %s\n" % (i, b"x" * rnd.randint(0, 40)) for i in range(200)) + b"part"
     f = io.BytesIO(body)
-    end = hlogs.line_end(f, len(body))
+    end = logs.line_end(f, len(body))
     assert end == len(body) - 4
     lines = body[:end].split(b"\n")[:-1]
     for n in (0, 1, 5, 199, 200, 500):
-        data, clipped = hlogs.last_lines(f, end, n)
+        data, clipped = logs.last_lines(f, end, n)
         assert data == b"".join(l + b"\n" for l in lines[len(lines) - min(n, 200):]) and not clipped
     odd = lambda l: int(l.split(b" ")[0]) % 2 == 1  # noqa: E731
-    data, _ = hlogs.last_lines(f, end, 3, odd)
+    data, _ = logs.last_lines(f, end, 3, odd)
     assert data.split(b"\n")[:-1] == [l for l in lines if odd(l)][-3:]
 
 
 def test_last_lines_clips_at_max_bytes(monkeypatch):
-    monkeypatch.setattr(hlogs, "BLOCK", 8)
+    monkeypatch.setattr(logs, "BLOCK", 8)
     body = b"".join(b"%03d\n" % i for i in range(100))
-    data, clipped = hlogs.last_lines(io.BytesIO(body), len(body), 50, max_bytes=20)
+    data, clipped = logs.last_lines(io.BytesIO(body), len(body), 50, max_bytes=20)
     assert clipped and len(data) <= 20 + 4 and data.endswith(b"099\n")
     big = b"y" * 100 + b"\n"
-    data, clipped = hlogs.last_lines(io.BytesIO(big), len(big), 5, max_bytes=30)
+    data, clipped = logs.last_lines(io.BytesIO(big), len(big), 5, max_bytes=30)
     assert clipped and data == b"y" * 29 + b"\n"
 
 
@@ -145,20 +145,20 @@ def test_log_tail_and_read_from_offsets(tmp_path):
     log = os.path.join(ddir, "releases", "20250101T000000Z", "server.log")
     with open(log, "wb") as f:
         f.write(b"one\ntwo\nthr")
-    r = hlogs.op_log_tail({"deploy_dir": ddir, "lines": 1})
+    r = logs.op_log_tail({"deploy_dir": ddir, "lines": 1})
     assert base64.b64decode(r["data"]) == b"two\n" and base64.b64decode(r["partial"]) == b"thr"
     assert r["end"] == 8 and r["release"] == "20250101T000000Z"
-    r = hlogs.op_log_read({"deploy_dir": ddir, "release": r["release"], "offset": 8, "wait": 0})
+    r = logs.op_log_read({"deploy_dir": ddir, "release": r["release"], "offset": 8, "wait": 0})
     assert base64.b64decode(r["data"]) == b"thr" and r["offset"] == 11
-    r2 = hlogs.op_log_read({"deploy_dir": ddir, "release": r["release"], "offset": 11, "wait": 0.1})
+    r2 = logs.op_log_read({"deploy_dir": ddir, "release": r["release"], "offset": 11, "wait": 0.1})
     assert r2["data"] == "" and r2["offset"] == 11
-    r3 = hlogs.op_log_read({"deploy_dir": ddir, "release": r["release"], "offset": 99})
+    r3 = logs.op_log_read({"deploy_dir": ddir, "release": r["release"], "offset": 99})
     assert r3["truncated"] and base64.b64decode(r3["data"]) == b"one\ntwo\nthr"
-    with pytest.raises(hlogs.HostError) as e:
-        hlogs.op_log_tail({"deploy_dir": ddir, "release": "20990101T000000Z"})
+    with pytest.raises(logs.HostError) as e:
+        logs.op_log_tail({"deploy_dir": ddir, "release": "20990101T000000Z"})
     assert e.value.kind == "no_release" and e.value.data["available"] == ["20250101T000000Z"]
-    with pytest.raises(hlogs.HostError) as e:
-        hlogs.op_log_tail({"deploy_dir": ddir, "grep": "("})
+    with pytest.raises(logs.HostError) as e:
+        logs.op_log_tail({"deploy_dir": ddir, "grep": "("})
     assert e.value.kind == "bad_grep"
 
 
@@ -170,8 +170,8 @@ NAMES = ["20250101T000000Z", "20250101T000000Z-2", "20250102T000000Z", "20250103
 @pytest.mark.parametrize("keep", [1, 2, 3])
 def test_prune_never_removes_current_or_the_one_before(tmp_path, current, keep):
     ddir = _deployment(tmp_path, NAMES, current)
-    removed = hreleases.prune(ddir, keep)
-    left = hreleases.releases_sorted(ddir)
+    removed = releases.prune(ddir, keep)
+    left = releases.releases_sorted(ddir)
     idx = NAMES.index(current)
     protected = {current, NAMES[max(idx - 1, 0)]}
     assert protected <= set(left)
@@ -182,8 +182,8 @@ def test_prune_never_removes_current_or_the_one_before(tmp_path, current, keep):
 
 def test_prune_keeps_newest_n(tmp_path):
     ddir = _deployment(tmp_path, NAMES, NAMES[-1])
-    assert hreleases.prune(ddir, 3) == NAMES[:3]
-    assert hreleases.releases_sorted(ddir) == NAMES[3:]
+    assert releases.prune(ddir, 3) == NAMES[:3]
+    assert releases.releases_sorted(ddir) == NAMES[3:]
 
 
 def test_describe_end():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.hostside import modelcheck as host
+from tasks.hostside import modelcheck
 from tasks.hostside import doctor_check, doctor_facts
 from tasks.profile.types import Gpu, JsonTable, Profile, Ready, Secret, Server, Target
 from tasks.profile.models import models_request
@@ -49,7 +49,7 @@ def preflight(req):
               "draft": req["draft"], "draft_key": req["keys"].get("draft"), "target": req["target"],
               "k": req.get("spec_tokens"), "v2_env": "1" if req.get("v2_runner") else None,
               "prefix_caching": {"value": False}}
-    return host.run(req) + doctor_check.checks(doctor_check.evaluate(doctor_facts.facts(doctor, None)))
+    return modelcheck.run(req) + doctor_check.checks(doctor_check.evaluate(doctor_facts.facts(doctor, None)))
 
 
 def test_zlab_drafter_on_its_target_passes(tmp_path):
@@ -62,7 +62,7 @@ def test_zlab_drafter_on_its_target_passes(tmp_path):
 
 
 def test_zlab_drafter_with_v2_runner_set_is_all_ok(tmp_path):
-    records = host.run(request(tmp_path, v2_runner=True))
+    records = modelcheck.run(request(tmp_path, v2_runner=True))
     assert [r["status"] for r in records] == ["OK"] * len(records), records
     dflash = next(r for r in records if r["check"] == "dflash")
     for text in ("block_size 16", "dflash_config.mask_token_id 248070", "[1, 16, 31, 46, 61]",
@@ -75,7 +75,7 @@ def test_fields_nested_in_dflash_config_and_a_flat_target_are_read(tmp_path):
     draft["dflash_config"]["block_size"] = draft.pop("block_size")
     draft["layer_types"] = ["full_attention"] * 5
     target = dict(TARGET["text_config"], architectures=["Qwen3ForCausalLM"])
-    records = host.run(request(tmp_path, target=target, draft=draft))
+    records = modelcheck.run(request(tmp_path, target=target, draft=draft))
     assert [r["status"] for r in records] == ["OK"] * len(records), records
     assert "dflash_config.block_size 16" in next(r for r in records if r["check"] == "dflash")["message"]
 
@@ -184,20 +184,20 @@ def test_broken_variant_is_reported_naming_file_and_key(tmp_path, case):
 
 def test_method_from_architecture_mtp_and_unnamed_archs_pass(tmp_path):
     draft = dict(DRAFT, architectures=["Qwen3NextMTP"])
-    assert not by_status(host.run(request(tmp_path, draft=draft, method="mtp")), "FAIL")
+    assert not by_status(modelcheck.run(request(tmp_path, draft=draft, method="mtp")), "FAIL")
     plain = dict(DRAFT, architectures=["LlamaForCausalLM"])
-    records = host.run(request(tmp_path, draft=plain, method="eagle3"))
+    records = modelcheck.run(request(tmp_path, draft=plain, method="eagle3"))
     assert not by_status(records, "FAIL")
     assert "do not name a method" in next(r for r in records if r["check"] == "spec")["message"]
 
 
 def test_nothing_local_to_read(tmp_path):
-    assert host.run(None) == []
+    assert modelcheck.run(None) == []
     gguf = tmp_path / "draft.gguf"
     gguf.write_bytes(b"GGUF")
     req = request(tmp_path, draft=DRAFT, v2_runner=True)
     req["draft"], req["target"] = str(gguf), str(tmp_path / "absent")  # path checks report these
-    assert host.run(req) == []
+    assert modelcheck.run(req) == []
 
 
 # --- profile -> models request (local, pure) ---

@@ -2,7 +2,7 @@
 the terminal (80 columns when the output is not one); --json is untouched by any of it."""
 import io
 
-from tasks import output as report
+from tasks import output
 from tasks.doctor.findings import finding_block
 from tasks.failures.explain import Explanation
 from tasks.failures.failed_server import ServerFailed
@@ -119,6 +119,6 @@ def test_a_failed_server_prints_cause_then_fix_and_source_wrapped_then_the_log_v
 
 def test_the_width_is_columns_else_the_terminal_else_80(monkeypatch):
     monkeypatch.delenv("COLUMNS", raising=False)
-    assert report.columns(io.StringIO()) == 80
+    assert output.columns(io.StringIO()) == 80
     monkeypatch.setenv("COLUMNS", "132")
-    assert report.columns(io.StringIO()) == 132
+    assert output.columns(io.StringIO()) == 132

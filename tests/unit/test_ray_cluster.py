@@ -1,5 +1,5 @@
 """The [cluster] example profile and the server's cluster environment, without a host."""
-from lab import REPO
+from hostlab import REPO
 from tasks.fleet.ray_cluster import server_profile
 from tasks.profile import load_profile
 

@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lab import wait_for
+from hostlab import wait_for
 from standins import NVIDIA_SMI, fake_model_dir
 from standins import nvidia_smi
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.hostside import startup as hs
+import tasks.hostside.startup
 from tasks.steps import startup
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "startup"
@@ -26,9 +26,9 @@ def recorded(name):
 
 
 def parse(engine, text, launched_at, ready_at):
-    p = hs.Parser(engine, launched_at)
+    p = tasks.hostside.startup.Parser(engine, launched_at)
     p.feed(text)
-    return p, hs.phases(p, ready_at)
+    return p, tasks.hostside.startup.phases(p, ready_at)
 
 
 def names(phases):
@@ -85,7 +85,7 @@ def test_warm_compile_start_of_the_real_vllm():
 
 def test_the_live_phase_follows_the_lines():
     text, _ = recorded("compile-cold")
-    p = hs.Parser("vllm", 0.0)
+    p = tasks.hostside.startup.Parser("vllm", 0.0)
     seen = []
     for line in text.splitlines(keepends=True):
         cur = p.feed(line)
@@ -124,9 +124,9 @@ def recorded_h200(name):
 
 def parse_h200(name):
     text, meta = recorded_h200(name)
-    p = hs.Parser("vllm", meta["launched_at"], "0.26.0")
+    p = tasks.hostside.startup.Parser("vllm", meta["launched_at"], "0.26.0")
     p.feed(text)
-    return text, meta, p, hs.phases(p, meta["ready_at"])
+    return text, meta, p, tasks.hostside.startup.phases(p, meta["ready_at"])
 
 
 @pytest.mark.parametrize("name", H200_STARTS)
@@ -195,7 +195,7 @@ def test_sglang_phases_from_its_own_lines():
 
 
 def test_a_command_server_has_no_phase_lines():
-    assert hs.rules("command") == []
+    assert tasks.hostside.startup.rules("command") == []
     p, ph = parse("command", "INFO 12-01 10:00:00 [x.py:1] Loading weights took 3.00 seconds\n",
                   0.0, 5.0)
     assert names(ph) == ["ready"]
@@ -203,9 +203,9 @@ def test_a_command_server_has_no_phase_lines():
 
 def test_every_row_of_the_table_is_complete_and_compiles():
     import re
-    for row in hs.PHASE_LINES:
+    for row in tasks.hostside.startup.PHASE_LINES:
         assert row["engine"] in ("vllm", "sglang") and row["source"], row
-        assert row.get("phase") in hs.ORDER or row.get("cache") in ("warm", "cold"), row
+        assert row.get("phase") in tasks.hostside.startup.ORDER or row.get("cache") in ("warm", "cold"), row
         re.compile(row["pattern"])
 
 
@@ -318,22 +318,22 @@ def test_previous_start_is_the_same_profile_and_engine_version(tmp_path):
                                       ("20261201T000300Z", "a", "0.33.0", "warm")):
         rdir = ddir / "releases" / name
         rdir.mkdir(parents=True)
-        (rdir / hs.STARTUP_FILE).write_text(json.dumps({
+        (rdir / tasks.hostside.startup.STARTUP_FILE).write_text(json.dumps({
             "release": name, "profile_sha256": sha, "engine_version": version,
             "compile_cache": cache, "phases": [{"phase": "ready", "at": 1.0, "seconds": 1.0}]}))
-    got = hs.previous(str(ddir), "new", "a", "0.32.0")
+    got = tasks.hostside.startup.previous(str(ddir), "new", "a", "0.32.0")
     assert got["release"] == "20261201T000100Z"
-    assert hs.previous(str(ddir), "new", "a", "0.32.0", prefer="cold")["release"] == "20261201T000000Z"
-    assert hs.previous(str(ddir), "new", "c", "0.32.0") is None
+    assert tasks.hostside.startup.previous(str(ddir), "new", "a", "0.32.0", prefer="cold")["release"] == "20261201T000000Z"
+    assert tasks.hostside.startup.previous(str(ddir), "new", "c", "0.32.0") is None
 
 
 def test_rows_apply_to_their_engine_versions():
-    old = [r["pattern"] for r in hs.rules("vllm", "0.10.1")]
-    new = [r["pattern"] for r in hs.rules("vllm", "0.32.0")]
-    takes = next(r["pattern"] for r in hs.PHASE_LINES if "takes" in r["pattern"])
+    old = [r["pattern"] for r in tasks.hostside.startup.rules("vllm", "0.10.1")]
+    new = [r["pattern"] for r in tasks.hostside.startup.rules("vllm", "0.32.0")]
+    takes = next(r["pattern"] for r in tasks.hostside.startup.PHASE_LINES if "takes" in r["pattern"])
     assert takes in old and takes not in new  # "torch.compile takes": the wording before 0.12
-    assert len(hs.rules("vllm", None)) == len([r for r in hs.PHASE_LINES if r["engine"] == "vllm"])
-    p = hs.Parser("vllm", 0.0, "0.32.0")
+    assert len(tasks.hostside.startup.rules("vllm", None)) == len([r for r in tasks.hostside.startup.PHASE_LINES if r["engine"] == "vllm"])
+    p = tasks.hostside.startup.Parser("vllm", 0.0, "0.32.0")
     p.feed("INFO 12-01 10:00:00 [monitor.py:34] torch.compile takes 3.00 s in total\n")
     assert p.events == []
 
@@ -345,4 +345,4 @@ def test_compile_cache_from_the_log_and_the_directory_before_launch(log, before,
     # ("cold", "warm"): vLLM 0.32.0 with its AOT artifact removed logs only "saved AOT compiled
     # function" (a compile from nothing), yet compiles in warm time on the inductor cache
     # left in the directory (benchmarks/RESULTS.md, the ablation)
-    assert hs.compile_cache(log, before) == want
+    assert tasks.hostside.startup.compile_cache(log, before) == want

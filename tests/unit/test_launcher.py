@@ -1,6 +1,6 @@
 """Golden tests: the argv and launch.py llmfab renders are exactly what we reviewed.
 
-Regenerate after an intended change with `LLMFAB_REGOLD=1 python -m pytest tests/unit/test_argv_launcher.py`
+Regenerate after an intended change with `LLMFAB_REGOLD=1 python -m pytest tests/unit/test_launcher.py`
 and review the diff like code.
 """
 import json

@@ -634,7 +634,8 @@ class HostLab:
             "KbdInteractiveAuthentication no",
             "UsePAM no",
             "StrictModes no",
-            "AuthorizedKeysFile %s.pub" % self.client_key,
+            # the second: what a test or task authorises on one host alone (fab pull)
+            "AuthorizedKeysFile %s.pub .ssh/authorized_keys" % self.client_key,
             "LogLevel VERBOSE",
             "Subsystem sftp %s" % SFTP_SERVER,
             "MaxStartups 100",
@@ -748,7 +749,7 @@ class HostLab:
 
 
 def main():
-    """`python tests/lab.py N [--pidns 2,3]`: start a lab, print where it is, wait for Ctrl-C."""
+    """`python tests/hostlab.py N [--pidns 2,3]`: start a lab, print where it is, wait for Ctrl-C."""
     import argparse
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("n", type=int, nargs="?", default=3)

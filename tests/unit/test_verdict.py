@@ -1,8 +1,8 @@
-"""The live verdict (docs/doctor.md thresholds), likely-cause order, and bench --repeat / --compare."""
+"""The live verdict (docs/findings.md thresholds), likely-cause order, and bench --repeat / --compare."""
 import pytest
 
-from tasks.measure import repeats as benchrepeat, metrics
-from tasks.doctor import findings as doctor, verdict as specverdict
+from tasks.measure import metrics, repeats
+from tasks.doctor import findings, verdict
 
 
 def spec(rate, k, drafts=1000, pos0=None):
@@ -24,18 +24,18 @@ def spec(rate, k, drafts=1000, pos0=None):
     (spec(0.3, 1, pos0=0.31), "mtp", 1, "healthy"),   # tau 1.3 > 60% of 1.8
 ])
 def test_verdicts(s, method, k, want):
-    v = specverdict.verdict(s, method, k)
+    v = verdict.verdict(s, method, k)
     assert v["verdict"] == want, v
     assert v["evidence"]["drafts"] == s["drafts"] and v["evidence"]["min_drafts"] == 100
 
 
 def test_reference_per_k():
-    assert specverdict.reference("dflash", 15)[0] == 4.1
-    assert specverdict.reference("dflash", 7)[0] == 4.1      # nearest listed k
-    assert specverdict.reference("dflash", 2)[0] == 3.0      # capped at 1 + k
-    assert specverdict.reference("mtp", 2)[0] == 1.8
-    assert specverdict.reference("mtp", 4)[0] == 3.3
-    assert specverdict.reference("suffix", 4) == (None, None)
+    assert verdict.reference("dflash", 15)[0] == 4.1
+    assert verdict.reference("dflash", 7)[0] == 4.1      # nearest listed k
+    assert verdict.reference("dflash", 2)[0] == 3.0      # capped at 1 + k
+    assert verdict.reference("mtp", 2)[0] == 1.8
+    assert verdict.reference("mtp", 4)[0] == 3.3
+    assert verdict.reference("suffix", 4) == (None, None)
 
 
 def test_causes_most_likely_first_each_with_its_fix_and_source():
@@ -43,28 +43,28 @@ def test_causes_most_likely_first_each_with_its_fix_and_source():
               "source": f"source of {r}"}
              for r, s in (("vllm-dflash-prefix-caching", "WARN"), ("vllm-dflash-layer-offset", "WARN"),
                           ("vllm-dflash-swa-ignored", "FAIL"))]
-    v = specverdict.verdict(spec(0.011, 15), "dflash", 15, found)
+    v = verdict.verdict(spec(0.011, 15), "dflash", 15, found)
     assert [f["rule"] for f in v["findings"]] == ["vllm-dflash-swa-ignored", "vllm-dflash-layer-offset",
                                                    "vllm-dflash-prefix-caching"]
-    text = specverdict.verdict_text(v)
+    text = verdict.verdict_text(v)
     assert text.startswith("verdict: broken (position-0 acceptance") and text.endswith(")")
-    causes = specverdict.cause_lines(v)
+    causes = verdict.cause_lines(v)
     assert [c.headline for c in causes] == [
         "likely cause 1: FAIL vllm-dflash-swa-ignored (version): m",
         "likely cause 2: WARN vllm-dflash-layer-offset (version): m",
         "likely cause 3: WARN vllm-dflash-prefix-caching (version): m"]
     assert causes[0].notes == (("fix", "fix vllm-dflash-swa-ignored"),
                                ("source", "source of vllm-dflash-swa-ignored"))
-    ok = specverdict.verdict(spec(0.62, 15), "dflash", 15, found)
-    assert "fix" not in specverdict.verdict_text(ok) and specverdict.cause_lines(ok) == []
+    ok = verdict.verdict(spec(0.62, 15), "dflash", 15, found)
+    assert "fix" not in verdict.verdict_text(ok) and verdict.cause_lines(ok) == []
 
 
 def test_prefix_hit_rate_over_a_window():
     def snap(q, h):
         return metrics.parse("vllm:prefix_cache_queries_total %d\nvllm:prefix_cache_hits_total %d\n" % (q, h))
-    assert doctor.prefix_hit_rate(snap(1000, 400), snap(200, 0)) == 0.5
-    assert doctor.prefix_hit_rate(snap(1000, 400)) == 0.4
-    assert doctor.prefix_hit_rate(metrics.parse("vllm:generation_tokens_total 3\n")) is None
+    assert findings.prefix_hit_rate(snap(1000, 400), snap(200, 0)) == 0.5
+    assert findings.prefix_hit_rate(snap(1000, 400)) == 0.4
+    assert findings.prefix_hit_rate(metrics.parse("vllm:generation_tokens_total 3\n")) is None
 
 
 def _rec(tok_s, rate):
@@ -75,18 +75,18 @@ def _rec(tok_s, rate):
 
 
 def test_repeat_medians_and_spread():
-    out = benchrepeat.summarize([_rec(100.0, 0.5), _rec(130.0, 0.6), _rec(110.0, 0.55)])
+    out = repeats.summarize([_rec(100.0, 0.5), _rec(130.0, 0.6), _rec(110.0, 0.55)])
     assert out["output_tokens_per_s"] == 110.0 and out["spec"]["acceptance_rate"] == 0.55
     assert out["repeat"]["spread"]["output tok/s"] == {"min": 100.0, "median": 110.0, "max": 130.0}
     assert out["requests"] == 24 and out["repeat"]["n"] == 3
-    assert "output tok/s" in "\n".join(benchrepeat.repeat_lines(out))
+    assert "output tok/s" in "\n".join(repeats.repeat_lines(out))
 
 
 def test_compare_verdict_line_beyond_or_within_the_spread():
-    a = benchrepeat.summarize([_rec(100.0, 0.30), _rec(104.0, 0.32)])
-    b = benchrepeat.summarize([_rec(150.0, 0.60), _rec(155.0, 0.61)])
-    line = benchrepeat.verdict_line("on", a, "off", b)
+    a = repeats.summarize([_rec(100.0, 0.30), _rec(104.0, 0.32)])
+    b = repeats.summarize([_rec(150.0, 0.60), _rec(155.0, 0.61)])
+    line = repeats.verdict_line("on", a, "off", b)
     assert line.startswith("verdict: output tok/s: off better by 49.5% (beyond the spread)"), line
     assert "acceptance: off better by" in line and line.endswith("(beyond the spread)")
-    c = benchrepeat.summarize([_rec(98.0, 0.31), _rec(106.0, 0.33)])
-    assert "within the spread: not decided" in benchrepeat.verdict_line("a", a, "c", c)
+    c = repeats.summarize([_rec(98.0, 0.31), _rec(106.0, 0.33)])
+    assert "within the spread: not decided" in repeats.verdict_line("a", a, "c", c)

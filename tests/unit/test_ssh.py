@@ -2,7 +2,7 @@
 import paramiko
 from fabric import Config
 
-from tasks.transport import ssh as sshconnect
+from tasks.transport import ssh
 
 
 def test_connections_leave_the_config_every_host_thread_shares_untouched(tmp_path):
@@ -17,8 +17,8 @@ def test_connections_leave_the_config_every_host_thread_shares_untouched(tmp_pat
     merges = []
     real_merge = config.merge
     config.merge = lambda: merges.append(1) or real_merge()
-    one = sshconnect.connection("root@h1:2222", config)
-    two = sshconnect.connection("h2", config)
+    one = ssh.connection("root@h1:2222", config)
+    two = ssh.connection("h2", config)
     assert merges == [] and config._modifications == {}
     assert (one.user, one.host, one.port, one.inline_ssh_env) == ("root", "h1", 2222, True)
     # Each host's keys: the config's, then its own IdentityFile (none of another host's).
