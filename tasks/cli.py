@@ -50,6 +50,9 @@ COMMANDS = {
     "targets": CommandInfo(
         "targets", "targets", "options.TargetsOptions",
         "Print a Prometheus file_sd document: the /metrics address of every running deployment."),
+    "pull": CommandInfo(
+        "weights.pull", "pull", "options.PullOptions",
+        "Copy the [weights] sources onto every host, verified (size, sha256); hosts feed each other."),
     "tune": CommandInfo(
         "tune.task", "tune", "tune.options.TuneOptions",
         "Deploy each speculative-decoding variant, bench it the same way, and name the fastest."),
@@ -218,6 +221,15 @@ def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, pro
 @command(out="write it to this file, replaced in one rename (default: stdout)")
 def targets(c, profile=None, out=None, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "targets", locals())
+
+
+@command(**{
+    "verify": "re-hash every file on the hosts (default: trust a file verified before whose "
+              "size and mtime did not change) and fetch again what is wrong",
+    "json": "print one JSON object per host on stdout (human text goes to stderr)",
+})
+def pull(c, profile=None, verify=False, json=False, parallel=None, accept_new_host_keys=False):
+    return _boundary(c, "pull", locals())
 
 
 @command(iterable=("vary",), **{

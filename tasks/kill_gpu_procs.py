@@ -13,7 +13,7 @@ from .errors import ExitCode, LlmfabError, OperationFailed
 from .fleet.fanout import HostResult
 from .steps.gpu_memory import gpu_lines, wait_freed
 from .hostside.gpu import tolerance
-from .output import table_lines
+from .output import processes, table_lines
 
 DEFAULT_GRACE_S = 10.0
 
@@ -81,7 +81,7 @@ def _free(host, reporter, s, record, devices, grace, nvidia_smi):
         reporter.lines(name, table_lines(["pid", "user", "GPU", "MiB", "source", "command"],
                                    process_rows(s["procs"])))
     if record["dry_run"]:
-        reporter.line(name, f"dry run: {len(targets)} process(es) would get SIGTERM, then SIGKILL "
+        reporter.line(name, f"dry run: {processes(len(targets))} would get SIGTERM, then SIGKILL "
                             f"after {grace:g} s; nothing was signalled")
         return HostResult(name, ExitCode.OK, f"dry run: {len(targets)} to kill")
     if not targets:
@@ -115,7 +115,7 @@ def _free(host, reporter, s, record, devices, grace, nvidia_smi):
         reporter.line(name, line)
     freed = sum(v for v in record["freed_mib"].values() if v > 0)
     killed = len(res["killed"])
-    reporter.line(name, f"{len(targets)} process(es) gone ({killed} needed SIGKILL) in {res['seconds']:.1f} s; "
+    reporter.line(name, f"{processes(len(targets))} gone ({killed} needed SIGKILL) in {res['seconds']:.1f} s; "
                         f"{freed} MiB came back")
     return HostResult(name, ExitCode.OK, f"killed {len(targets)}, freed {freed} MiB")
 

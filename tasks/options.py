@@ -8,6 +8,7 @@ tests/unit/test_flag_values.py); every conversion, default and check happens her
 and task bodies read typed fields instead of a dict they could write into.
 """
 import dataclasses
+import math
 import re
 from typing import Optional, Tuple
 
@@ -20,16 +21,20 @@ def _flag(key):
     return "--" + key.replace("_", "-")
 
 
-def seconds(key, value, minimum=0.0):
-    """A number of seconds >= minimum, or None when not given."""
+def seconds(key, value, minimum=0.0, above=False):
+    """A finite number of seconds >= minimum (> minimum with `above`: a timeout of 0 waits for
+    nothing), or None when not given."""
     if value is None:
         return None
     try:
         out = float(value)
     except (TypeError, ValueError):
         raise UsageError(f"{_flag(key)} expects a number of seconds (got {value!r})") from None
-    if not out >= minimum:  # also refuses nan
-        raise UsageError(f"{_flag(key)} must be >= {minimum:g}")
+    if not math.isfinite(out):
+        raise UsageError(f"{_flag(key)} expects a finite number of seconds (got {value!r})")
+    if out < minimum or (above and out == minimum):
+        raise UsageError(f"{_flag(key)} must be {'more than' if above else '>='} {minimum:g} "
+                         f"(got {value!r})")
     return out
 
 
@@ -98,7 +103,7 @@ class DeployOptions(Common):
 
     @staticmethod
     def convert(flags):
-        flags["timeout"] = seconds("timeout", flags.get("timeout"))
+        flags["timeout"] = seconds("timeout", flags.get("timeout"), above=True)
         flags["rolling"] = whole("rolling", flags.get("rolling"), 1)
         flags["smoke"] = bool(flags.get("smoke"))
         for key in ("rolling", "smoke"):  # both wait for ready, which --no-wait does not
@@ -116,6 +121,12 @@ class CheckOptions(Common):
 @dataclasses.dataclass(frozen=True)
 class StatusOptions(Common):
     json: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PullOptions(Common):
+    json: bool = False
+    verify: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +200,7 @@ class RollbackOptions(Common):
 
     @staticmethod
     def convert(flags):
-        flags["timeout"] = seconds("timeout", flags.get("timeout"))
+        flags["timeout"] = seconds("timeout", flags.get("timeout"), above=True)
         release_stamp(flags)
         return flags
 

@@ -70,6 +70,11 @@ def columns(stream):
     return NOT_A_TERMINAL_COLUMNS
 
 
+def processes(n):
+    """'1 process', '3 processes': a count in words, never a parenthesised plural."""
+    return f"{n} process" if n == 1 else f"{n} processes"
+
+
 def quiet_on_closed_pipe():
     """A closed stdout (`fab --list | head -1`) ends the program quietly: Invoke's own printing
     (--list, --help) raises BrokenPipeError outside any task, and this hook ends the process

@@ -634,7 +634,8 @@ class HostLab:
             "KbdInteractiveAuthentication no",
             "UsePAM no",
             "StrictModes no",
-            "AuthorizedKeysFile %s.pub" % self.client_key,
+            # the second: what a test or task authorises on one host alone (fab pull)
+            "AuthorizedKeysFile %s.pub .ssh/authorized_keys" % self.client_key,
             "LogLevel VERBOSE",
             "Subsystem sftp %s" % SFTP_SERVER,
             "MaxStartups 100",

@@ -1,5 +1,5 @@
 """llmfab installed into a throwaway virtualenv, and a user's directory to run it from: for
-tests/unit/test_program.py and tests/lab/test_program_e2e.py."""
+tests/lab/test_installed_program.py and tests/lab/test_program_e2e.py."""
 import os
 import shutil
 import subprocess

@@ -29,6 +29,7 @@ import time
 from dataclasses import replace
 
 from ..errors import ExitCode, HostUnreachable, OperationFailed, UsageError
+from ..output import processes
 from .fanout import HostResult, run_all, worst
 from ..profile.types import Profile, Secret
 from ..transport.agent import AgentError
@@ -87,11 +88,11 @@ def _raise_worst(results, what):
 def stop_node(host, ddir, reporter, grace, quiet=False):
     res = call(host, "ray_stop", deploy_dir=ddir, grace=grace, timeout=grace + 60)
     if res.get("survivors"):
-        raise OperationFailed(f"{len(res['survivors'])} Ray process(es) survived SIGKILL: "
+        raise OperationFailed(f"{len(res['survivors'])} Ray {'process' if len(res['survivors']) == 1 else 'processes'} survived SIGKILL: "
                               + ", ".join(map(str, res["survivors"])))
     if res["stopped"]:
         reporter.line(host.name, f"ray {'(an earlier one) ' if quiet else ''}stopped: "
-                                 f"{len(res['pids'])} process(es) in {res['seconds']:.1f} s")
+                                 f"{processes(len(res['pids']))} in {res['seconds']:.1f} s")
     elif not quiet:
         reporter.line(host.name, "ray: not running here")
     return res

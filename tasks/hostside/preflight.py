@@ -81,11 +81,17 @@ def _engine_in_server_env(engine, python, env):
     return dict(_rec("engine", "OK", text), engine=record)
 
 
-def check_paths(paths):
+def check_paths(paths, pulled=None):
+    """Each model path exists; a missing one with a [weights] source (`pulled`: path ->
+    source) names `fab pull` as its fix."""
     out = []
     for key, path in paths:
         if os.path.exists(path):
             out.append(_rec("path", "OK", "%s: %s exists" % (key, path)))
+        elif path in (pulled or {}):
+            out.append(_rec("path", "FAIL", "%s: %s does not exist on this host; fix: `fab pull` "
+                                            "copies it there from %s ([weights])"
+                            % (key, path, pulled[path])))
         else:
             out.append(_rec("path", "FAIL", "%s: %s does not exist on this host" % (key, path)))
     return out
@@ -158,7 +164,7 @@ def check_gpus(nvidia_smi, devices, min_free):
 def run(req):
     engine = check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"))
     checks = [check_python(), engine]
-    checks += check_paths(req.get("paths", []))
+    checks += check_paths(req.get("paths", []), req.get("pulled"))
     checks += modelcheck.run(req.get("models"))
     if (req.get("doctor") or {}).get("method"):  # rules of doctor_rules.py (a speculative method)
         from . import doctor_check

@@ -21,6 +21,7 @@ from .check import Checker, describe
 from .checktable import read_check
 from .schema import build, supervise
 from .toml_text import dumps
+from ..weights.sources import read_weights
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,6 +53,7 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         target, server, ready, gpu, cluster = build(ck, data, Path(top).stem)
         check = read_check(ck, data)  # [check] accept (tasks/profile/checktable.py)
         supervision = supervise(ck, data)
+        weights = read_weights(ck, data, _model_paths(server))
         # Saved in every release: make it stand alone (no extends, name explicit, files absolute).
         data.setdefault("target", {})["name"] = target.name
         if server.files:
@@ -64,8 +66,16 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         cluster=cluster, resolved_toml=resolved,
         digest=hashlib.sha256(resolved.encode("utf-8")).hexdigest(),
         sources=tuple(Path(f).resolve() for f in chain), check=check,
-        supervise=supervision,
+        supervise=supervision, weights=weights,
     )
+
+
+def _model_paths(server):
+    """The absolute model paths the profile names: server.model and the drafters."""
+    paths = [p for _, p in server.flags.model_paths()]
+    if isinstance(server.model, str) and server.model.startswith("/"):
+        paths.insert(0, server.model)
+    return set(paths)
 
 
 def _load_tree(path, chain):

@@ -25,6 +25,9 @@ TOP_KEYS = table(
     Key("cluster", "table", "none", "one model over several nodes through Ray: [cluster] below"),
     Key("check", "table", "{}", "doctor findings the profile accepts: [check] below"),
     Key("supervise", "table", "{}", "restarts on the host: [supervise] below"),
+    Key("weights", "table", "{}",
+        "where `fab pull` gets each model directory from: model path on the host = "
+        "\"local:/dir/on/this/machine\" (tasks/weights/sources.py)"),
 )
 TARGET_KEYS = table(
     "target",

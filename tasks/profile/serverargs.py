@@ -195,6 +195,18 @@ class ServerArgs:
                           num_speculative_tokens=table.get("num_speculative_tokens"),
                           table=f.value)
 
+    def model_values(self):
+        """(profile key, value) of every model the args name, a path or a hub id alike."""
+        out = []
+        for norm, f in self.flags:
+            key = f"server.args.{f.key}"
+            if f.table is not None:
+                out += [(f"{key}.{k}", v) for k, v in f.table.items()
+                        if _is_model_key(k) and isinstance(v, str)]
+            elif _is_model_key(norm) and isinstance(f.value, str):
+                out.append((key, f.value))
+        return out
+
     def model_paths(self):
         """(profile key, absolute path) of every model directory the args name: a `model`
         or `*-model-path` flag, or such a key inside a table (the speculative drafter)."""

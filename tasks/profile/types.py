@@ -128,6 +128,7 @@ class Profile:
     sources: Tuple[Path, ...] = ()               # the files read: the given one first, then each it extends
     check: CheckCfg = CheckCfg()                 # [check] accept = [doctor rule ids]
     supervise: Supervise = Supervise()
+    weights: tuple = ()                          # [weights]: WeightSource per model path (fab pull)
 
     @property
     def served_name(self):

@@ -236,13 +236,14 @@ def render_launcher(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None) 
     the host has (None: not known here, e.g. a dry run; it names the engine's cache directory,
     tasks/steps/startup.py). Deterministic: golden-tested."""
     from .startup import cache_env
+    from ..weights.sources import offline_env
     text = TEMPLATE.format(
         cache_env=_literal(cache_env(profile, engine_version)),
         name="'%s'" % _in_docstring(profile.target.name),
         profile_name=_in_docstring(profile.path.name),
         digest=profile.digest[:12],
         argv=_literal(server_argv(profile, entry)),
-        env=_literal(profile.plain_env()),
+        env=_literal(dict(profile.plain_env(), **offline_env(profile))),
         secret_names=_literal(sorted(profile.secrets)),
         port=profile.server.port,
     )

@@ -11,6 +11,7 @@ from ..profile.models import models_request
 from ..output import Block
 from ..profile.types import Profile
 from ..doctor.host_request import doctor_request
+from ..weights.sources import pull_fixes
 
 
 def deploy_dir(profile: Profile):
@@ -35,6 +36,7 @@ def preflight_request(profile: Profile, state=None):
         python=s.interpreter, env=profile.plain_env(),
         argv0=s.command[0] if s.engine == "command" and s.command else None,
         paths=model_paths(profile),
+        pulled=pull_fixes(profile),  # [weights]: a missing one's fix is `fab pull`
         host=s.host, port=s.port, deploy_dir=deploy_dir(profile),
         nvidia_smi=profile.gpu.nvidia_smi,
         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,

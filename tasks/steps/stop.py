@@ -10,6 +10,7 @@ that is not running is reported as such and is not an error.
 import time
 
 from ..errors import OperationFailed
+from ..output import processes
 from .gpu_memory import FREE_TIMEOUT_S, gpu_lines, wait_freed
 from ..hostside.gpu import baseline_limits
 
@@ -39,7 +40,7 @@ def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=
         return res
     killed = res["killed"]
     reporter.line(name, f"stopped release {(res['server'] or {}).get('release')}: "
-                        f"{len(res['terminated'])} process(es) ended on SIGTERM"
+                        f"{processes(len(res['terminated']))} ended on SIGTERM"
                         + (f", {len(killed)} killed by SIGKILL" if killed else "")
                         + f" in {res['seconds']:.1f} s")
     for pid in killed:

@@ -14,6 +14,14 @@ PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 640, 320, 60, 180, 20, 44
 
 
+def setting_text(key, value):
+    """One variant setting in words: the baseline's `speculative = None` is no speculation."""
+    if value is None:
+        return "no speculative decoding (every speculative flag removed)" if key == "speculative" \
+            else f"{key} removed"
+    return f"{key} = {value}"
+
+
 def color(i):
     return PALETTE[i % len(PALETTE)]
 
@@ -195,7 +203,7 @@ def render(*, title, records, variants, concurrencies, objective, decision, head
     out.append("<p>Settings of each variant:</p><ul>")
     for v in variants:
         out.append(f"<li><strong>{escape(v.name)}</strong>: <code>"
-                   f"{escape(', '.join(f'{k} = {val}' for k, val in v.settings.items()))}</code>"
+                   f"{escape(', '.join(setting_text(k, val) for k, val in v.settings.items()))}</code>"
                    f" ({escape(v.path.name)})</li>")
     out.append("</ul></body></html>")
     return "\n".join(out) + "\n"

@@ -195,7 +195,7 @@ def table(records, variants, concurrencies, objective, decision):
         cells.append("-" if spec.get("acceptance_rate") is None else f"{spec['acceptance_rate']:.2f}")
         cells.append("-" if spec.get("mean_acceptance_length") is None
                      else f"{spec['mean_acceptance_length']:.2f}")
-        cells.append(spec.get("verdict") or ("none yet" if spec else "no spec"
+        cells.append(spec.get("verdict") or ("few drafts" if spec else "no spec"
                                              if at.get("status") == "measured" else "-"))
         cells.append(at.get("host") or "-")
         cells.append(note(at) if at else "not measured")

@@ -5,7 +5,7 @@ import pytest
 from hostlab import REPO
 
 
-TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "releases", "rollback", "status", "stop", "tail-log", "targets",
+TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "pull", "releases", "rollback", "status", "stop", "tail-log", "targets",
          "tune"]
 
 

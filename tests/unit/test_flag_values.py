@@ -65,3 +65,22 @@ def test_a_short_flag_means_one_flag_in_every_task_and_none_is_a_core_flag():
                 assert short not in core, (name, long, short)
                 assert meaning.setdefault(short, long) == long, (name, short, long, meaning[short])
     assert meaning == {"j": "json", "n": "dry-run", "v": "vary"}
+
+
+@pytest.mark.parametrize("task", sorted(t for t in ns.task_names
+                                        if "timeout" in inspect.signature(ns[t].body).parameters))
+@pytest.mark.parametrize("value", ["0", "-5", "inf", "nan"])
+def test_a_timeout_of_nothing_or_forever_is_refused(task, value, capsys):
+    with pytest.raises(SystemExit) as e:
+        make_program().run(["llmfab", task, "--timeout", value])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "--timeout" in err and repr(value) in err, err
+
+
+def test_a_grace_of_zero_is_a_kill_at_once_but_forever_is_refused(capsys):
+    from tasks.options import seconds
+    assert seconds("grace", "0") == 0.0
+    for value in ("inf", "-1", "nan"):
+        with pytest.raises(Exception) as e:
+            seconds("grace", value)
+        assert "--grace" in str(e.value) and repr(value) in str(e.value), e.value

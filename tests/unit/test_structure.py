@@ -63,8 +63,8 @@ def test_the_command_table_and_the_tasks_name_each_other():
 
 @pytest.mark.parametrize("cls,flags,needle", [
     (options.DeployOptions, {"timeout": "soon"}, "--timeout expects a number of seconds"),
-    (options.DeployOptions, {"timeout": "-1"}, "--timeout must be >= 0"),
-    (options.StopOptions, {"grace": "nan"}, "--grace must be >= 0"),
+    (options.DeployOptions, {"timeout": "-1"}, "--timeout must be more than 0"),
+    (options.StopOptions, {"grace": "nan"}, "--grace expects a finite number of seconds"),
     (options.BenchOptions, {"requests": "1.5"}, "--requests expects a positive integer"),
     (options.BenchOptions, {"compare": "a.json"}, "--compare expects two files"),
     (options.ReleasesOptions, {"keep": "0"}, "--keep expects a whole number >= 1"),

@@ -14,8 +14,13 @@ import configparser
 import functools
 import shutil
 import sys
+
+import pytest
 from hostlab import REPO
 from installs import installed, ok, run, userdir  # noqa: F401 (fixtures)
+
+# builds a wheel and a virtualenv (tens of seconds): not for tests/unit, which stays fast and pure
+pytestmark = pytest.mark.e2e
 
 
 # Every task of the checkout's collection (what `fab --list` shows there), sorted.

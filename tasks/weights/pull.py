@@ -1,0 +1,360 @@
+"""`fab pull`: the weights the profile's `[weights]` names, onto every host, verified.
+
+1. The source's files are listed with size and sha256 (tasks/weights/local.py).
+2. Each host says what it holds (op weights_plan: verified, partial, wrong, free space);
+   a host short of space fails alone (exit 1, naming the bytes), the others go on.
+3. The copies (tasks/weights/schedule.py): this machine sends each file about once, and
+   hosts holding a verified copy feed the others over SSH with a key made for this pull,
+   authorised on the hosts only from the pull's hosts, only as the receiver, with an
+   expiry, and removed in `finally` (and by the next pull at the latest).
+4. Every file lands as `.NAME.llmfab-part`, resumes from what is there, and is renamed to
+   NAME only once its size and sha256 match (tasks/hostside/weights.py); then manifest.json.
+"""
+import json
+import os
+import queue
+import secrets
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from ..errors import ExitCode, LlmfabError, OperationFailed, TaskFailed, UsageError
+from ..fleet.fanout import HostResult, emit_missing, error_record, summarize, worst
+from ..fleet.runner import host_kwargs, hosts_for, load
+from ..output import Reporter, report_error
+from ..transport.agent import Host
+from .local import list_files
+from .schedule import SOURCE, Fanout
+
+RECEIVER_SOURCE = Path(__file__).resolve().parents[1] / "hostside" / "weights.py"
+KEY_LIFETIME = timedelta(hours=6)   # the expiry-time= of the pull's key (removed long before)
+SPARE = 64 << 20                    # bytes a host must keep free beyond the files
+
+
+def _mib(n):
+    return f"{n / (1 << 20):.1f} MiB" if n < (1 << 30) else f"{n / (1 << 30):.2f} GiB"
+
+
+class _HostState:
+    def __init__(self, host):
+        self.host = host
+        self.name = host.name
+        self.lock = threading.Lock()
+        self.plan = None
+        self.need = 0
+        self.received = 0
+        self.files_received = 0
+        self.by_sender = {}
+        self.started = None
+        self.error = None
+        self.already = 0
+        self.bad = []
+
+
+def pull(c, opts):
+    """Body of `fab pull` (see the module docstring)."""
+    profile = load(c, opts.profile)
+    if not profile.weights:
+        raise UsageError(f"{profile.sources[0] if profile.sources else 'the profile'}: no [weights] "
+                         "table: add `\"<model path on the host>\" = \"local:/dir/here\"` under [weights]")
+    dirs = []
+    for w in profile.weights:
+        dirs.append({"path": w.path, "source": w.source, "commit": None,
+                     "files": list_files(w.source, w.local)})
+    files = {(d["path"], f["path"]): f for d in dirs for f in d["files"]}
+    names = hosts_for(c, profile)
+    reporter = Reporter(names, json_mode=opts.json)
+    for d in dirs:
+        reporter.line("", f"{d['source']}: {len(d['files'])} files, "
+                          f"{_mib(sum(f['size'] for f in d['files']))} -> {d['path']}")
+    kw = host_kwargs(c, profile, opts)
+    states = {n: _HostState(Host(n, **kw)) for n in names}
+    pull_id = secrets.token_hex(6)
+    results = {}
+    granted = []
+    t0 = time.monotonic()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(opts.parallel, len(names)))) as pool:
+            for name, err in zip(names, pool.map(
+                    lambda n: _plan(states[n], dirs, pull_id, opts.verify, reporter), names)):
+                if err is not None:
+                    results[name] = _failed(reporter, name, err)
+        live = [n for n in names if n not in results]
+        needs = {n: {(d["path"], f["path"]): f["part"] for d in states[n].plan["dirs"]
+                     for f in d["files"] if not f["ok"]} for n in live}
+        senders = {n for n in live if _can_feed(states[n])}
+        receivers = [n for n in live if needs[n]]
+        if len(senders) > 1 and receivers:
+            _grant(states, sorted(senders), pull_id, reporter, granted)
+        fan = Fanout(sizes={k: f["size"] for k, f in files.items()}, needs=needs,
+                     can_send=senders if granted else set())
+        _copy(fan, states, files, pull_id, reporter, t0)
+        for n in live:
+            st = states[n]
+            if n in fan.failed:
+                results[n] = _failed(reporter, n, OperationFailed(fan.failed[n]), st)
+                continue
+            try:
+                for d in dirs:
+                    st.host.call("weights_manifest", path=d["path"], source=d["source"],
+                                 commit=d["commit"], files=[{k: f[k] for k in ("path", "size", "sha256")}
+                                                            for f in d["files"]], timeout=60)
+            except LlmfabError as e:
+                results[n] = _failed(reporter, n, e, st)
+                continue
+            results[n] = _done(reporter, st, dirs, opts, time.monotonic() - t0)
+    except KeyboardInterrupt:
+        reporter.line("", "interrupted (Ctrl-C): partial files stay as .NAME.llmfab-part "
+                          "(the next pull resumes them); no half file has a final name")
+        _revoke(names, kw, pull_id, reporter, fresh=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ExitCode.INTERRUPTED)  # copies in flight run in threads; the sockets close with us
+    finally:
+        if granted:
+            _revoke(granted, kw, pull_id, reporter, states=states)
+        for st in states.values():
+            st.host.close()
+    ordered = [results[n] for n in names]
+    if opts.json:
+        emit_missing(reporter, ordered)
+    summarize(reporter, ordered, "pull")
+    code = worst(r.code for r in ordered)
+    if code:
+        raise TaskFailed(int(code))
+    return ordered
+
+
+def _failed(reporter, name, err, st=None):
+    report_error(reporter, name, err)
+    rec = error_record(name, err)
+    if st is not None:
+        rec.update(bytes_received=st.received, files_received=st.files_received)
+    msg = err.message.splitlines()[0] if err.message else ""
+    return HostResult(name, int(err.code), msg[:100], json=rec)
+
+
+def _plan(st, dirs, pull_id, verify, reporter):
+    """Connect, read what the host holds, check its space, prepare it. -> None or the error."""
+    try:
+        st.host.start()
+        st.plan = st.host.call("weights_plan", verify=verify, timeout=None, dirs=[
+            {"path": d["path"], "files": [{k: f[k] for k in ("path", "size", "sha256")}
+                                          for f in d["files"]]} for d in dirs])
+        for d, mine in zip(dirs, st.plan["dirs"]):
+            st.need += mine["need"]
+            st.already += sum(1 for f in mine["files"] if f["ok"])
+            st.bad += [f"{d['path']}/{f['path']}" for f in mine["files"] if f["bad"]]
+            if mine["need"] and mine["need"] + SPARE > mine["free"]:
+                raise OperationFailed(
+                    f"not enough space for {d['path']}: it needs {mine['need']} bytes "
+                    f"({_mib(mine['need'])}) more, {mine['free']} bytes ({_mib(mine['free'])}) "
+                    "are free there: free some, or point [weights] at a larger disk")
+        for path in st.bad:
+            reporter.line(st.name, f"{path}: present but wrong (size or sha256); fetching it again")
+        resumed = sum(f["part"] for d in st.plan["dirs"] for f in d["files"] if not f["ok"])
+        if st.need:
+            reporter.line(st.name, f"needs {_mib(st.need)}"
+                                   + (f" (resuming {_mib(resumed)} already here)" if resumed else ""))
+        st.prepared = st.host.call("weights_prepare", pull=pull_id, source=RECEIVER_SOURCE.read_text(),
+                                   dirs=[{"path": d["path"], "subdirs": sorted(
+                                       {os.path.dirname(f["path"]) for f in d["files"]} - {""})}
+                                         for d in dirs], timeout=60)
+        st.user = st.host.hello["user"]
+        st.python = st.host.hello["executable"]
+        return None
+    except LlmfabError as e:
+        return e
+
+
+def _can_feed(st):
+    return not st.host.local and st.plan.get("ip") is not None
+
+
+def _known_host_line(st):
+    key = st.host.cxn.client.get_transport().get_remote_server_key()
+    ip, port = st.plan["ip"], st.plan["port"]
+    name = ip if port == 22 else f"[{ip}]:{port}"
+    return f"{name} {key.get_name()} {key.get_base64()}"
+
+
+def _grant(states, senders, pull_id, reporter, granted):
+    """The pull's key pair, made here; its public half authorised on each host for the
+    senders' addresses only, its private half on each sender."""
+    with tempfile.TemporaryDirectory(prefix="llmfab-pull-") as tmp:
+        key = os.path.join(tmp, "key")
+        try:
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llmfab-pull",
+                            "-f", key], check=True, stdin=subprocess.DEVNULL, capture_output=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            reporter.line("", f"cannot make the pull's SSH key ({e}); every host gets the files "
+                              "from here")
+            return
+        private, public = Path(key).read_text(), Path(key + ".pub").read_text().split()
+    expiry = (datetime.now(timezone.utc) + KEY_LIFETIME).strftime("%Y%m%d%H%M")
+    known = [_known_host_line(states[n]) for n in senders]
+    ips = sorted({states[n].plan["ip"] for n in senders})
+    for n in senders:
+        try:
+            with states[n].lock:
+                states[n].host.call("weights_grant", pull=pull_id, public=" ".join(public[:2]),
+                                    private=private, sources=ips, expiry=expiry,
+                                    known_hosts=known, timeout=60)
+            granted.append(n)
+        except LlmfabError as e:
+            reporter.line(n, f"cannot authorise the pull's key here ({e.message}); "
+                             "it gets the files from this machine")
+    if len(granted) < 2:
+        del granted[:]
+
+
+def _revoke(names, kw, pull_id, reporter, states=None, fresh=False):
+    def one(n):
+        host = Host(n, **kw) if fresh or states is None else states[n].host
+        try:
+            host.call("weights_revoke", pull=pull_id, timeout=30)
+        except LlmfabError as e:
+            reporter.line(n, f"could not remove the pull's key ({e.message}); the next pull "
+                             "removes it, and it expires by itself")
+        finally:
+            if fresh:
+                host.close()
+    with ThreadPoolExecutor(max_workers=max(1, min(32, len(names)))) as pool:
+        list(pool.map(one, names))
+
+
+def _copy(fan, states, files, pull_id, reporter, t0):
+    """Run the copies the schedule starts until every host has its files (or failed)."""
+    done = queue.Queue()
+    running = 0
+    for n in fan.needs:
+        states[n].started = time.monotonic()
+    while True:
+        for sender, host, key, offset in fan.next_copies():
+            running += 1
+            threading.Thread(target=_one_copy, daemon=True, args=(
+                done, states, sender, host, key, offset, files[key], pull_id)).start()
+        if running == 0:
+            break
+        while True:
+            try:
+                sender, host, key, offset, answer = done.get(timeout=0.5)
+                break
+            except queue.Empty:
+                continue
+        running -= 1
+        st = states[host]
+        st.received += answer.get("bytes", 0)
+        who = "here" if sender is SOURCE else sender
+        st.by_sender[who] = st.by_sender.get(who, 0) + answer.get("bytes", 0)
+        if answer.get("ok"):
+            st.files_received += 1
+            _progress(reporter, st, key, who, answer, files[key]["size"])
+            fan.finished(sender, host, key, True)
+        else:
+            fatal = None
+            if answer.get("kind") in ("disk_full", "host"):
+                fatal = answer["reason"]
+            reporter.line(host, f"{key[1]} from {who}: {answer.get('reason')}"
+                                + ("" if fatal else "; trying again"))
+            fan.finished(sender, host, key, False, fatal=fatal,
+                         offset=0 if answer.get("kind") == "corrupt" else _part_after(offset, answer))
+    return fan
+
+
+def _part_after(offset, answer):
+    return offset + answer.get("bytes", 0) if answer.get("kind") is None else 0
+
+
+def _progress(reporter, st, key, who, answer, size):
+    spent = max(time.monotonic() - st.started, 1e-6)
+    rate = st.received / spent
+    left = max(st.need - st.received, 0)
+    eta = f", ~{left / rate:.0f} s left" if left and rate > 0 else ""
+    secs = max(answer.get("seconds") or 0.0, 1e-6)
+    reporter.line(st.name, f"{key[1]} ({_mib(size)}) from {who} in {secs:.1f} s "
+                           f"({answer.get('bytes', 0) / secs / 1e6:.0f} MB/s); "
+                           f"{_mib(st.received)} of {_mib(st.need)} at {rate / 1e6:.0f} MB/s{eta}")
+
+
+def _one_copy(done, states, sender, host, key, offset, f, pull_id):
+    order = {"root": key[0], "file": {k: f[k] for k in ("path", "size", "sha256")}, "offset": offset}
+    try:
+        if sender is SOURCE:
+            answer = _from_here(states[host], order, f["local"], pull_id)
+        else:
+            src, dst = states[sender], states[host]
+            answer = src.host.call("weights_send", pull=pull_id, root=key[0], file=order["file"],
+                                   offset=offset, timeout=None,
+                                   peer={"ip": dst.plan["ip"], "port": dst.plan["port"],
+                                         "user": dst.user})
+    except LlmfabError as e:
+        answer = {"ok": False, "bytes": 0, "reason": e.message, "kind": "host" if sender is SOURCE else None}
+    except Exception as e:  # a copy's own failure stays with its host
+        answer = {"ok": False, "bytes": 0, "reason": f"{type(e).__name__}: {e}"}
+    done.put((sender, host, key, offset, answer))
+
+
+def _from_here(st, order, local, pull_id):
+    """Stream `local` from the order's offset into the host's receiver, on the task's own
+    SSH connection (a second session on it), or to a local receiver process."""
+    argv = [st.python, "-S", st.prepared["receiver"], pull_id,
+            json.dumps(order, separators=(",", ":"), sort_keys=True)]
+    start = time.monotonic()
+    with open(local, "rb") as src:
+        src.seek(order["offset"])
+        if st.host.local:
+            p = subprocess.run(argv, stdin=src, capture_output=True)
+            out, err, rc = p.stdout, p.stderr, p.returncode
+        else:
+            chan = st.host.cxn.client.get_transport().open_session()
+            try:
+                chan.exec_command(shlex.join(argv))
+                for data in iter(lambda: src.read(1 << 20), b""):
+                    chan.sendall(data)
+                chan.shutdown_write()
+                out = b"".join(iter(lambda: chan.recv(65536), b""))
+                rc = chan.recv_exit_status()
+                err = b""
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+            except OSError as e:  # the receiver ended early (disk full): its answer tells why
+                try:
+                    out = b"".join(iter(lambda: chan.recv(65536), b""))
+                except OSError:
+                    out = b""
+                rc, err = -1, str(e).encode()
+            finally:
+                chan.close()
+    try:
+        answer = json.loads(out.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        answer = {"ok": False, "bytes": 0, "reason": f"the receiver exited {rc}: "
+                  + err.decode("utf-8", "replace").strip()[-400:]}
+    answer["seconds"] = time.monotonic() - start
+    return answer
+
+
+def _done(reporter, st, dirs, opts, seconds):
+    rec = {"host": st.name, "ok": True,
+           "dirs": [{"path": d["path"], "source": d["source"], "commit": d["commit"],
+                     "files": len(d["files"]), "bytes": sum(f["size"] for f in d["files"])}
+                    for d in dirs],
+           "files_present": st.already, "files_received": st.files_received,
+           "bytes_received": st.received, "from": st.by_sender, "refetched": st.bad,
+           "verified": bool(opts.verify), "seconds": round(seconds, 3)}
+    if st.files_received:
+        summary = f"{st.files_received} files, {_mib(st.received)} received"
+    else:
+        summary = "up to date: 0 bytes sent"
+    reporter.line(st.name, f"{summary}; " + ", ".join(
+        f"{d['path']} verified ({len(d['files'])} files)" for d in dirs))
+    if opts.json:
+        reporter.emit_json(rec)
+    return HostResult(st.name, ExitCode.OK, summary)

@@ -1,0 +1,224 @@
+"""`fab pull` (issue 30) on 8 real lab hosts: the fan-out, verification, resume, a full disk,
+Ctrl-C, and no access left between hosts.
+
+The model is generated here: a multi-shard safetensors model (real safetensors headers,
+random tensor bytes, an index, config.json), LLMFAB_PULL_TEST_MIB in all (default 1024,
+~75 s for the module). One 8-host lab for the module; h8's model directory is a small
+tmpfs (the full disk).
+"""
+import hashlib
+import json
+import os
+import signal
+import struct
+from pathlib import Path
+
+import pytest
+
+from helpers import Background, fab, flat, write_profile
+from hostlab import HostLab, wait_for
+
+HOSTS = [f"h{i}" for i in range(1, 9)]
+MODEL = "/root/models/gen-model"
+MIB = int(os.environ.get("LLMFAB_PULL_TEST_MIB", "1024"))
+SHARDS = 4
+
+
+@pytest.fixture(scope="module")
+def lab():
+    from conftest import require_lab
+    require_lab()
+    with HostLab(8) as the_lab:
+        yield the_lab
+
+
+def make_model(root, total_mib=MIB, shards=SHARDS):
+    """A safetensors model of `shards` files, `total_mib` MiB of random F16 tensors."""
+    root.mkdir(parents=True)
+    per = total_mib * (1 << 20) // shards
+    weight_map = {}
+    for i in range(1, shards + 1):
+        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
+        tensor = f"model.layers.{i}.mlp.weight"
+        header = json.dumps({"__metadata__": {"format": "pt"}, tensor: {
+            "dtype": "F16", "shape": [per // 2], "data_offsets": [0, per // 2 * 2]}}).encode()
+        header += b" " * (-len(header) % 8)
+        with open(root / name, "wb") as f:
+            f.write(struct.pack("<Q", len(header)) + header)
+            left = per // 2 * 2
+            while left:
+                n = min(left, 8 << 20)
+                f.write(os.urandom(n))
+                left -= n
+        weight_map[tensor] = name
+    (root / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": per * shards}, "weight_map": weight_map}))
+    (root / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"],
+                                                  "model_type": "qwen3"}))
+    return root
+
+
+@pytest.fixture(scope="module")
+def model(lab):
+    return make_model(Path(lab.root) / "source" / "gen-model")
+
+
+@pytest.fixture(scope="module")
+def profile(lab, model):
+    return write_profile(lab, "pull", [
+        "[target]", f"hosts = {json.dumps(HOSTS)}", 'name = "pull"',
+        "[server]", 'engine = "vllm"', 'python = "/usr/bin/python3"', f'model = "{MODEL}"',
+        "[weights]", f'"{MODEL}" = "local:{model}"'])
+
+
+def sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def source_files(model):
+    return {p.name: sha(p) for p in sorted(model.iterdir())}
+
+
+def on_host(lab, host, rel=""):
+    return Path(lab.home(host)) / MODEL[len("/root/"):] / rel
+
+
+def objects(stdout):
+    return {o["host"]: o for o in map(json.loads, stdout.splitlines())}
+
+
+def no_access_left(lab, hosts=HOSTS):
+    for h in hosts:
+        keys = Path(lab.home(h)) / ".ssh" / "authorized_keys"
+        text = keys.read_text() if keys.exists() else ""
+        assert "llmfab-pull" not in text, f"{h}: the pull's key is still authorised:\n{text}"
+        left = list((Path(lab.home(h)) / ".cache" / "llmfab" / "pull").glob("*.key"))
+        assert not left, f"{h}: the pull's private key is still there: {left}"
+
+
+def all_final_names_verified(lab, host, want):
+    """Every file under its final name holds the source's bytes (a half file never does)."""
+    d = on_host(lab, host)
+    for p in d.iterdir() if d.exists() else ():
+        if p.name in want:
+            assert sha(p) == want[p.name], f"{host}: {p.name} under its final name is not the source's"
+
+
+def test_pull_to_8_hosts_fans_out_and_a_full_disk_fails_alone(lab, model, profile):
+    h8_models = Path(lab.home("h8")) / "models"
+    h8_models.mkdir(parents=True, exist_ok=True)
+    lab.exec("h8", ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", "/root/models"], check=True)
+    r = fab(lab, "pull", "--json", profile=profile, code=1, timeout=600)
+    out = objects(r.stdout)
+    assert set(out) == set(HOSTS)
+    assert out["h8"]["ok"] is False and out["h8"]["code"] == 1
+    need = sum(p.stat().st_size for p in model.iterdir())
+    assert f"needs {need} bytes" in out["h8"]["error"] and "free" in out["h8"]["error"]
+    assert f"[h8] error: not enough space for {MODEL}: it needs {need} bytes" in r.stderr
+    want = source_files(model)
+    fed_here = 0
+    for h in HOSTS[:7]:
+        o = out[h]
+        assert o["ok"] is True and o["files_received"] == len(want) and o["bytes_received"] == need
+        fed_here += o["from"].get("here", 0)
+        got = {p.name: sha(p) for p in on_host(lab, h).iterdir() if not p.name.startswith(".")}
+        manifest = json.loads(got.pop("manifest.json") and on_host(lab, h, "manifest.json").read_text())
+        assert got == want, h
+        assert {f["path"]: f["sha256"] for f in manifest["files"]} == want
+        assert manifest["source"] == f"local:{model}"
+    # This machine sent each file about once; the hosts fed each other the rest.
+    assert fed_here < 2 * need, (fed_here, need, {h: out[h]["from"] for h in HOSTS[:7]})
+    assert sum(sum(v for k, v in out[h]["from"].items() if k != "here") for h in HOSTS[:7]) >= 5 * need
+    assert "MB/s" in r.stderr and "left" in r.stderr
+    no_access_left(lab)
+
+    # An unchanged re-pull sends 0 bytes.
+    r = fab(lab, "-H", ",".join(HOSTS[:7]), "pull", "--json", profile=profile)
+    out = objects(r.stdout)
+    assert all(out[h]["bytes_received"] == 0 and out[h]["files_present"] == len(want)
+               for h in HOSTS[:7]), out
+    assert "up to date: 0 bytes sent" in r.stdout + r.stderr
+    lab.exec("h8", ["umount", "/root/models"], check=True)
+
+
+def test_a_flipped_byte_is_found_and_fetched_again(lab, model, profile):
+    shard = sorted(model.glob("*.safetensors"))[1].name
+    want = source_files(model)
+    for h, keep_mtime in (("h3", False), ("h4", True)):
+        p = on_host(lab, h, shard)
+        st = p.stat()
+        with open(p, "r+b") as f:
+            f.seek(st.st_size // 2)
+            b = f.read(1)
+            f.seek(st.st_size // 2)
+            f.write(bytes([b[0] ^ 0x01]))
+        if keep_mtime:  # the same size and mtime: only --verify's re-hash sees it
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = fab(lab, "-H", "h3,h4", "pull", "--json", profile=profile)
+    out = objects(r.stdout)
+    assert out["h3"]["refetched"] == [f"{MODEL}/{shard}"] and out["h3"]["files_received"] == 1
+    assert sha(on_host(lab, "h3", shard)) == want[shard]
+    assert out["h4"]["files_received"] == 0
+    r = fab(lab, "-H", "h3,h4", "pull", "--verify", "--json", profile=profile)
+    out = objects(r.stdout)
+    assert out["h4"]["refetched"] == [f"{MODEL}/{shard}"] and out["h4"]["files_received"] == 1
+    assert out["h3"]["files_received"] == 0 and out["h4"]["verified"] is True
+    assert sha(on_host(lab, "h4", shard)) == want[shard]
+    assert "present but wrong (size or sha256); fetching it again" in r.stderr
+
+
+def test_resume_after_kill_9_mid_file(lab, model, profile):
+    shard = sorted(model.glob("*.safetensors"))[0]
+    size = shard.stat().st_size
+    on_host(lab, "h5", shard.name).unlink()
+    part = on_host(lab, "h5", "." + shard.name + ".llmfab-part")
+    bg = Background(lab, "-H", "h5", "pull", profile=profile)
+    try:
+        wait_for(lambda: part.exists() and part.stat().st_size >= (1 << 20), 60, "a partial file on h5")
+        bg.proc.send_signal(signal.SIGKILL)
+        bg.finish()
+    finally:
+        bg.close()
+    had = wait_for(lambda: part.stat().st_size if part.exists() else None, 10, "the part file")
+    assert 0 < had < size and not on_host(lab, "h5", shard.name).exists()
+    r = fab(lab, "-H", "h5", "pull", "--json", profile=profile)
+    o = objects(r.stdout)["h5"]
+    # The receiver may have written a little more after the kill (bytes in flight).
+    assert o["files_received"] == 1 and o["bytes_received"] <= size - had
+    assert "(resuming " in r.stderr and "already here)" in r.stderr
+    assert sha(on_host(lab, "h5", shard.name)) == sha(shard) and not part.exists()
+
+
+def test_ctrl_c_leaves_no_half_file_and_no_access(lab, model, profile):
+    want = source_files(model)
+    for h in ("h6", "h7"):
+        for p in on_host(lab, h).glob("*.safetensors"):
+            p.unlink()
+    bg = Background(lab, "-H", "h6,h7", "pull", profile=profile)
+    try:
+        keys = Path(lab.home("h7")) / ".ssh" / "authorized_keys"
+        wait_for(lambda: keys.exists() and "llmfab-pull" in keys.read_text()
+                 and any(on_host(lab, h).glob(".*.llmfab-part") for h in ("h6", "h7")), 60,
+                 "the pull's key authorised and a copy under way")
+        bg.proc.send_signal(signal.SIGINT)
+        assert bg.finish() == 130, bg.text
+    finally:
+        bg.close()
+    assert "interrupted (Ctrl-C)" in bg.text
+    no_access_left(lab, ("h6", "h7"))
+    for h in ("h6", "h7"):
+        all_final_names_verified(lab, h, want)
+    fab(lab, "-H", "h6,h7", "pull", profile=profile)
+    for h in ("h6", "h7"):
+        assert {p.name: sha(p) for p in on_host(lab, h).glob("*.safetensors")} == {
+            k: v for k, v in want.items() if k.endswith(".safetensors")}
+
+
+def test_preflight_names_fab_pull_for_a_missing_pulled_model(lab, profile):
+    assert not on_host(lab, "h8").exists()  # the full disk's host never got it
+    r = fab(lab, "-H", "h8", "check", profile=profile, code=1)
+    assert f"server.model: {MODEL} does not exist on this host; fix: `fab pull`" in flat(r.stdout), r.stdout
