@@ -91,10 +91,12 @@ def test_a_sweep_over_two_hosts_skips_the_broken_variants_names_the_winner_and_p
     k4 = by[("k=4", 4)]["spec"]["per_position"]
     assert len(k4) == 4 and k4[0] > k4[1] > k4[2] > k4[3], k4  # acceptance falls by position
     assert by[("baseline", 4)]["spec"] is None
-    # the winner: the best measured tokens/s at the largest concurrency, beyond the spread
+    # the winner: the best measured tokens/s at the largest concurrency. Whether it is beyond the
+    # spread depends on the machine's load (k=1 came within 2.4% on a busy CI machine): either
+    # way the line names the best, and says which it is.
     best = max((x for x in measured if x["concurrency"] == 4), key=lambda x: x["output_tokens_per_s"])
     assert best["variant"] == "k=4", [(x["variant"], x["output_tokens_per_s"]) for x in measured]
-    assert r.returncode == 0 and "\nwinner: k=4: " in text, text
+    assert r.returncode == 0 and ("\nwinner: k=4: " in text or "\nno clear winner: k=4: " in text), text
     assert "k=4 *" in text  # the table marks it
     assert "spec-drafter-config" in text and "failed to start" in text
     # put back: h1 runs the release it ran before (the same one), h2 runs nothing
