@@ -78,12 +78,13 @@ def gather(host, profile, ddir):
     record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
                   ready_s=started.get("ready_s"))
     out = Status(record)
-    gpus = host.call("gpus", nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
+    # the GPUs' memory, and who holds it (ours: carries this deployment's release marker,
+    # hostside/gpuprocs.py), in one round trip
+    smi = dict(nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
+    gpus, holders = host.batch([("gpus", smi), ("gpu_holders", dict(smi, deploy_dir=ddir))])
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
                       for g in (gpus["gpus"] or [])] or None
-    # who holds that memory; ours: carries this deployment's release marker (hostside/gpuprocs.py)
-    held = host.call("gpu_holders", deploy_dir=ddir, nvidia_smi=profile.gpu.nvidia_smi,
-                     devices=profile.devices)["holders"]
+    held = holders["holders"]
     record["gpu_holders"] = [{k: h[k] for k in ("pid", "name", "gpu", "mib", "ours")} for h in held]
     if not alive:  # an engine child that outlived its server keeps the GPU from the next start
         out.holder_lines = [f"GPU {h['gpu']}: pid {h['pid']} ({h['name']}) of release {h['release']} holds "
