@@ -66,7 +66,7 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 FAB = '''
 import json, sys
 sys.path.insert(0, %r)
-from tasks.hostside import bench
+from tasks.measure.host import loadgen as bench
 from tasks import benchstats
 raw = bench.op_bench({"port": %d, "host": "127.0.0.1", "engine": "vllm", "model": "tiny",
                       "requests": 64, "concurrency": 4, "max_tokens": 128, "prompts": [{"prompt": "hi"}]})

@@ -54,7 +54,7 @@ COMMANDS = {
         "weights.pull", "pull", "options.PullOptions",
         "Copy the [weights] sources onto every host, verified (size, sha256); hosts feed each other."),
     "tune": CommandInfo(
-        "tune.task", "tune", "tune.options.TuneOptions",
+        "tune.task", "tune", "tune.sweep_options.TuneOptions",
         "Deploy each speculative-decoding variant, bench it the same way, and name the fastest."),
 }
 

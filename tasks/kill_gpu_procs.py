@@ -2,17 +2,17 @@
 
 Selects `--gpus 0,1`, else `--all`, else the profile's devices (gpu.devices, else
 server.env CUDA_VISIBLE_DEVICES, else every GPU). On each host: list every process
-using them (nvidia-smi and /proc/*/fd, tasks/hostside/gpuprocs.py), SIGTERM them,
+using them (nvidia-smi and /proc/*/fd, tasks/gpu/host/gpuprocs.py), SIGTERM them,
 SIGKILL what is left after `--grace` (default 10 s), then wait until each GPU dropped
-by what its killed processes held (tasks/steps/gpu_memory.py). `--dry-run` lists and signals
+by what its killed processes held (tasks/gpu/memory.py). `--dry-run` lists and signals
 nothing. Nothing to kill is success (exit 0).
 """
 
 from .fleet.runner import load, run_task
 from .errors import ExitCode, LlmfabError, OperationFailed
 from .fleet.fanout import HostResult
-from .steps.gpu_memory import gpu_lines, wait_freed
-from .hostside.gpu import tolerance
+from .gpu.memory import gpu_lines, wait_freed
+from .gpu.host.nvsmi import tolerance
 from .output import processes, table_lines
 
 DEFAULT_GRACE_S = 10.0

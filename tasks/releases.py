@@ -27,7 +27,7 @@ from dataclasses import replace
 import tempfile
 
 from .errors import OperationFailed
-from .hostside.common import exit_words
+from .transport.host.common import exit_words
 from . import output
 from .fleet.fanout import HostResult
 
@@ -85,11 +85,11 @@ def rows(listing):
             "ended": describe_end(r), "returncode": ex.get("returncode"),
             "ended_at": ex.get("ended_at"), "log_bytes": r.get("log_bytes"),
             "running": bool(r.get("running")),
-            # its start, if a deploy waited for it (tasks/steps/startup.py): time to ready, phases
+            # its start, if a deploy waited for it (tasks/startup/estimate.py): time to ready, phases
             "ready_s": (r.get("startup") or {}).get("ready_s"),
             "startup": (r.get("startup") or {}).get("phases"),
             "compile_cache": (r.get("startup") or {}).get("compile_cache"),
-            # a release that did not start: why (hostside/launch.py, tasks/steps/wait.py)
+            # a release that did not start: why (release/host/launch.py, tasks/steps/wait.py)
             "failed": r.get("start_failed"),
         })
     return out
@@ -187,7 +187,7 @@ def rollback_host(host, profile, opts, reporter, to=None, spot=None, spots=None)
     (tasks/interrupts.py): where a Ctrl-C leaves this host."""
     from .interrupts import Spot, changing
     from .failures.failed_server import raise_launch_failed
-    from .steps.stop import stop_deployment
+    from .steps.shutdown import stop_deployment
     from .steps.lock import take_lock
     from .steps.preflight import deploy_dir
     from .steps.wait import wait_or_clean_up
@@ -251,8 +251,8 @@ def rollback_host(host, profile, opts, reporter, to=None, spot=None, spots=None)
                              stale_agent=hello.get("pid"))
     reporter.line(name, f"ready in {facts['seconds']:.1f} s: release {prev} on port {old.server.port}")
     result.summary = f"rolled back to {prev}, ready in {facts['seconds']:.1f} s"
-    from .steps import startup  # this start's phases, kept in the release as its deploy's were
-    rec, slower = startup.record(host, old, ddir, server, facts, None, reporter,
+    from .startup import estimate  # this start's phases, kept in the release as its deploy's were
+    rec, slower = estimate.record(host, old, ddir, server, facts, None, reporter,
                                  log_offset=launched.get("log_offset", 0))
     result.data.update(ready_s=round(facts["seconds"], 3), startup=rec["phases"],
                        compile_cache=rec["compile_cache"], findings=slower)

@@ -19,7 +19,7 @@ import datetime
 from dataclasses import dataclass, field
 
 from .errors import ExitCode
-from .hostside.common import exit_words
+from .transport.host.common import exit_words
 from .fleet.fanout import HostResult
 from .output import Block, fab_hint, indented
 
@@ -79,7 +79,7 @@ def gather(host, profile, ddir):
                   ready_s=started.get("ready_s"))
     out = Status(record)
     # the GPUs' memory, and who holds it (ours: carries this deployment's release marker,
-    # hostside/gpuprocs.py), in one round trip
+    # gpu/host/gpuprocs.py), in one round trip
     smi = dict(nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
     gpus, holders = host.batch([("gpus", smi), ("gpu_holders", dict(smi, deploy_dir=ddir))])
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
@@ -114,12 +114,12 @@ def gather(host, profile, ddir):
     if profile.cluster is not None:  # the Ray cluster under the server (tasks/fleet/ray_cluster.py)
         from .fleet.ray_cluster import cluster_status
         record["cluster"], out.cluster_lines, out.cluster_ok = cluster_status(host, profile, ddir)
-    from .steps import supervision
-    record["supervisor"] = supervision.record(st.get("supervisor"))
-    out.supervisor_lines = supervision.lines(record["supervisor"], (st.get("supervisor") or {}).get("reason"))
+    from .supervise import status_view
+    record["supervisor"] = status_view.record(st.get("supervisor"))
+    out.supervisor_lines = status_view.lines(record["supervisor"], (st.get("supervisor") or {}).get("reason"))
     failed = st.get("failed")
     if failed and not alive and (not server or failed["release"] >= server.get("release", "")):
-        # the last deploy did not start (its release says why: hostside/launch.py, steps/wait.py)
+        # the last deploy did not start (its release says why: release/host/launch.py, steps/wait.py)
         record.update(state="failed", release=failed["release"], deployed=True,
                       fatal={k: failed.get(k) for k in ("rule", "line", "cause", "fix")})
         if server.get("release") == failed["release"]:
@@ -138,7 +138,7 @@ def gather(host, profile, ddir):
             record["state"] = "failed"
             out.why, out.fix, out.source = ex.cause, ex.fix, ex.source_text()
         if record["supervisor"]["state"] == "gave-up":  # the crash loop first, then its line
-            out.why = supervision.gave_up_why(record["supervisor"], st["supervisor"].get("reason"))
+            out.why = status_view.gave_up_why(record["supervisor"], st["supervisor"].get("reason"))
     return out
 
 
@@ -158,7 +158,7 @@ def render(status):
     elif r["deployed"]:
         ex = r["exit"] or {}
         how = f"{exit_words(ex['returncode'])} at {ex['ended_at']}" if ex else "not running"
-        if ex.get("stopped"):  # on purpose (tasks/hostside/common.py STOP_FILE): not a failure
+        if ex.get("stopped"):  # on purpose (tasks/transport/host/common.py STOP_FILE): not a failure
             how = f"was stopped by {ex['stopped'].get('by')} at {ex['ended_at']} ({exit_words(ex['returncode'])})"
         between = (r.get("supervisor") or {}).get("state")
         if between in ("backoff", "waiting-for-gpu"):
@@ -168,7 +168,7 @@ def render(status):
                        (("why", status.why), ("fix", status.fix), ("source", status.source)))]
     else:
         lines = ["not deployed"]
-    from .steps.startup import summary
+    from .startup.estimate import summary
     if r["running"] and summary(r):
         lines.append("  " + summary(r) + f" (ready in {r['ready_s']:.1f} s)")
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]

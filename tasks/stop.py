@@ -1,5 +1,5 @@
-"""`fab stop`: stop the deployment on every host (tasks/steps/stop.py), then its Ray cluster."""
-from .steps.stop import stop_deployment
+"""`fab stop`: stop the deployment on every host (tasks/steps/shutdown.py), then its Ray cluster."""
+from .steps.shutdown import stop_deployment
 
 
 def stop(c, opts):

@@ -27,7 +27,7 @@ from .fleet.fanout import HostResult, worst
 def address(host, server_host):
     """HOST of HOST:PORT: the ssh config's HostName, or for `local` where the server listens."""
     if host.local:
-        from .hostside.probe import probe_host
+        from .steps.host.probe import probe_host
         name = probe_host(server_host)
     else:
         host.connect()
@@ -80,7 +80,7 @@ def out_path(value):
 
 def write_atomically(path, text):
     """Replace --out's file with `text` in one rename; the file is 0644 (Prometheus reads it)."""
-    from .hostside import common
+    from .transport.host import common
     return common.write_atomically(out_path(path), text, 0o644)
 
 

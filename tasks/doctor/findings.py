@@ -1,14 +1,14 @@
 """The speculative-decoding doctor, client side: findings in check/deploy/status/bench.
 
 The rules run on the host: the preflight's records carry each finding
-(tasks/hostside/doctor_check.py); op spec_evidence (tasks/hostside/doctor_log.py) answers the
+(tasks/doctor/host/spec_check.py); op spec_evidence (tasks/doctor/host/spec_evidence.py) answers the
 same findings plus the start-up log's evidence, scanned once the server is ready and kept
 in the release directory as spec-evidence.json. Here: split findings out of preflight
 records for --json, print the log evidence at the ready line, and join everything into the
 live verdict (tasks/doctor/verdict.py).
 """
 from . import sampling, verdict
-from ..hostside.doctor_check import accept_hint, accepted_note
+from .host.spec_check import accept_hint, accepted_note
 from ..output import Block
 from .host_request import doctor_request
 

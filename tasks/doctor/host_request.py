@@ -1,6 +1,6 @@
 """The `doctor` section of a host request, derived from the profile. Pure; no I/O.
 
-The host (tasks/hostside/doctor_check.py) reads the engine version and the drafter's and the
+The host (tasks/doctor/host/spec_check.py) reads the engine version and the drafter's and the
 target's config.json and evaluates the rule table over them; this module says which
 method, directories, draft length, runner env and prefix caching the profile asks for, each
 with the profile key a message should name, and which FAIL rules the profile accepts.

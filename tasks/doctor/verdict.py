@@ -7,7 +7,7 @@ The thresholds (docs/doctor.md):
     k >= 3: the drafter sees the wrong hidden states (or is the wrong drafter), it is not
     merely weak;
   - `low`: mean acceptance length below 60% of the method's reference for its k
-    (tasks/hostside/doctor_rules.py REFERENCES, with their sources);
+    (tasks/doctor/host/spec_rules.py REFERENCES, with their sources);
   - otherwise `healthy`. ngram/suffix depend on the workload: `healthy` or `low` only.
 `broken`/`low` need greedy evidence: tasks/doctor/sampling.py's rule table turns a sampled
 window's verdict into `sampling` (a greedy probe is healthy), the probe's verdict, or
@@ -15,7 +15,7 @@ window's verdict into `sampling` (a greedy probe is healthy), the probe's verdic
 The reference for a k is the record of the same method with the largest k at or below it
 (else the smallest), capped at 1 + k, the most a step can yield.
 """
-from ..hostside.doctor_rules import MODEL_BASED, REFERENCES, RULES, LOG_RULES
+from .host.spec_rules import MODEL_BASED, REFERENCES, RULES, LOG_RULES
 from ..output import Block
 
 MIN_DRAFTS = 100

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .template_values import VALUES
-from ..hostside.common import exit_words
+from ..transport.host.common import exit_words
 from .rules import BY_ID, EXITED
 
 
@@ -119,7 +119,7 @@ def exit_cause(values, readings):
 
 
 def _signal_name(num):
-    from ..hostside.common import signal_name
+    from ..transport.host.common import signal_name
     return signal_name(num)
 
 

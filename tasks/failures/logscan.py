@@ -1,5 +1,5 @@
 """Reading a server log as it grows: the failure rule it shows, the lines that explain
-it, the last exception. (The start-up phase is tasks/hostside/startup.py's.)
+it, the last exception. (The start-up phase is tasks/startup/host/phases.py's.)
 
 Pure: fed text chunks, keeps a bounded window of recent lines. What counts as fatal
 is the failure-rule table (tasks/failures/rules/); this module only decides WHICH matching

@@ -6,7 +6,7 @@ The deploy host is the Ray head; `cluster.workers` are hosts as the user wrote t
 deploy: after the preflight, the release push and the stop of a running server, and
 before the new server launches (tasks/deploy.py `deploy_head`, `before_launch`): every node's earlier
 Ray of this deployment is stopped; the head starts (`ray start --head --port
-<ray_port> --block`, detached, tasks/hostside/ray_node.py); then each worker joins with
+<ray_port> --block`, detached, tasks/fleet/host/ray_node.py); then each worker joins with
 `--address <head_address or the head's address>:<ray_port>`, VLLM_HOST_IP set to the
 worker's own address toward the head, and the profile's [server.env] (secrets
 included) in the Ray node's environment, since Ray starts vLLM's workers from there;

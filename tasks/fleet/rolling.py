@@ -213,7 +213,7 @@ def deploy_rolling(c, profile, opts, size, *, deploy_one, rollback_one, on_inter
     from ..errors import Interrupted, TaskFailed
     from ..output import Reporter
     from .runner import INTERRUPT_NOTE, host_kwargs, hosts_for
-    from ..steps.stop import stop_deployment
+    from ..steps.shutdown import stop_deployment
     hosts, ddir = hosts_for(c, profile), deploy_dir(profile)
     label = None
     if profile.cluster is not None:  # one head (tasks/fleet/ray_cluster.py check_hosts): one batch

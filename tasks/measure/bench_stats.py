@@ -6,7 +6,7 @@ ttft_ms {p50, p90}, itl_ms {p50, p90}, spec {acceptance_rate, mean_acceptance_le
 per_position} or null, and tpot_ms {p50, p90} and server_ms {ttft_mean, tpot_mean} (the
 server's own histograms over the window, or null) besides. `requests` counts measured requests
 (the warm-up is excluded); requests_per_s and output_tokens_per_s count successful requests
-over the window. TTFT, ITL and TPOT are `vllm bench serve`'s (tasks/hostside/bench.py says
+over the window. TTFT, ITL and TPOT are `vllm bench serve`'s (tasks/measure/host/loadgen.py says
 which streamed chunks count): TPOT, time per output token after the first, is per request
 (last token - first token) / (output tokens - 1), over requests with more than one token; it
 compares across speculative settings where ITL does not (one streamed chunk carries several

@@ -15,7 +15,7 @@ as SGLang computes it.
 """
 from dataclasses import dataclass, field
 
-from ..hostside.hangwatch import GENERATED, RUNNING, WAITING  # noqa: F401  (one list, host and client)
+from ..supervise.host.hangwatch import GENERATED, RUNNING, WAITING  # noqa: F401  (one list, host and client)
 
 NO_SPEC = "no speculative decoding"
 
@@ -173,7 +173,7 @@ def spec_text(spec, since=""):
 
 
 def summarize_sample(sample, engine):
-    """(Snapshot or None, spec or None) from one host snapshot (see hostside/bench.py)."""
+    """(Snapshot or None, spec or None) from one host snapshot (see measure/host/loadgen.py)."""
     snap = parse(sample["text"]) if sample.get("text") else None
     if engine == "sglang":
         return snap, sglang_spec(sample.get("server_info"), snap)

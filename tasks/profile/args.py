@@ -172,7 +172,7 @@ def _secret(ck, v, path):
                     f"export {source}=... before running fab")
         if not ck.need_secrets:  # a task that launches nothing: say so only if asked
             from ..errors import ProfileError
-            from .check import dotted
+            from .readers import dotted
             return Secret(source=source, value=None,
                           missing=ProfileError(ck.file_of(path), dotted(path), expected).message)
         ck.fail(path, expected)

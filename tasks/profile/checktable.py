@@ -27,7 +27,7 @@ class CheckCfg:
 
 def read_check(ck, data):
     """The [check] table of the merged tree (an empty CheckCfg when absent)."""
-    from ..hostside.doctor_rules import LOG_RULES, RULES
+    from ..doctor.host.spec_rules import LOG_RULES, RULES
     if "check" not in data:
         return CheckCfg()
     t, p = data["check"], ("check",)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ProfileError
 from .types import Profile
-from .check import Checker, describe
+from .readers import Checker, describe
 from .checktable import read_check
 from .schema import build, supervise
 from .toml_text import dumps

@@ -1,7 +1,7 @@
 """The models a profile names, as the model-aware preflight checks them. Pure; no I/O.
 
 `models_request(profile)` returns the `models` section of the preflight request; the
-host (tasks/hostside/modelcheck.py) reads each model directory's config.json and runs
+host (tasks/steps/host/modelcheck.py) reads each model directory's config.json and runs
 the checks. Every value carries the profile key it came from, so a host-side message
 can say which line of the profile to change.
 

@@ -9,7 +9,7 @@ import re
 from .types import ENGINES, RESTART_POLICIES, Cluster, Gpu, Ready, Server, Supervise, Target
 from .args import read_args, read_env
 from .serverenv import VLLM_INT_FLAGS, vllm_flag
-from .check import REQUIRED, no_nul_or_dates
+from .readers import REQUIRED, no_nul_or_dates
 from .keys import Key, table
 
 TOP_KEYS = table(

@@ -1,6 +1,6 @@
 """The deployment's lock, from the client: take it on the host or say who holds it.
 
-The host side (tasks/hostside/lock.py) holds a flock that dies with its agent.
+The host side (tasks/steps/host/flock.py) holds a flock that dies with its agent.
 """
 import getpass
 import socket
@@ -9,7 +9,7 @@ from ..transport.agent import AgentError
 from ..errors import LockHeld
 
 # Tasks that are never refused by a deploy's lock: the host ends a deploy (or rollback) that
-# only waits for readiness, and they go on (hostside/lock.py). Everything else waits its turn.
+# only waits for readiness, and they go on (steps/host/flock.py). Everything else waits its turn.
 PREEMPTING = ("stop", "kill-gpu-procs")
 
 
@@ -28,7 +28,7 @@ def take_lock(host, ddir, task, stale_agent=None, create=True, phase=None):
     agent still holds the lock (the host has not noticed the connection died), it is ended.
     `create` False: a deployment directory that is not there is not made (the answer has
     `absent`: nothing deployed there). `phase`: "waiting" when only readiness is waited for
-    (`fab stop` may then end this task, hostside/lock.py), else changing the host.
+    (`fab stop` may then end this task, steps/host/flock.py), else changing the host.
     Returns the host's answer ({path, ended_stale_agent, preempted})."""
     return locked(host, ddir, task, stale_agent=stale_agent, create=create, phase=phase)[0]
 

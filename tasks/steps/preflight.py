@@ -1,12 +1,12 @@
 """The preflight, from the client: what to ask the host to check, and the verdict.
 
-The host runs the checks (tasks/hostside/preflight.py: Python, engine version from
+The host runs the checks (tasks/steps/host/preflight_checks.py: Python, engine version from
 package metadata, model paths and config.json files, port, disk, GPU memory); the
 client adds what it alone can judge from the profile (an open port without a key),
 prints one line per check and stops the task on any FAIL (exit 1, nothing launched).
 """
 from ..errors import PreflightFailed
-from ..hostside.probe import ALL_INTERFACES
+from .host.probe import ALL_INTERFACES
 from ..profile.models import models_request
 from ..output import Block
 from ..profile.types import Profile
@@ -42,7 +42,7 @@ def preflight_request(profile: Profile, state=None):
         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
         min_free_mib=profile.gpu.min_free_mib,
         models=models_request(profile),
-        doctor=doctor_request(profile),  # the rules of tasks/hostside/doctor_rules.py
+        doctor=doctor_request(profile),  # the rules of tasks/doctor/host/spec_rules.py
     )
     server = (state or {}).get("server") or {}
     if state and state.get("alive") and server.get("port") == s.port:

@@ -3,7 +3,7 @@
 Ready (/health 200, the served name in /v1/models) says the server is up; it does not say
 the model generates. One completion of one token does, for the cost of one token: the
 host's agent sends it to 127.0.0.1:port (nothing needs to be open to the laptop), with
-the profile's API key if it has one (tasks/hostside/bench.py, op smoke).
+the profile's API key if it has one (tasks/measure/host/loadgen.py, op smoke).
 """
 from ..transport.agent import AgentError
 from ..errors import OperationFailed

@@ -4,7 +4,7 @@ Ready: the server process is alive, `/health` answers 200 and `/v1/models` lists
 the served name. Failed: the process exited, or the log shows a fatal line. Each
 tick is one agent `watch` request on the open channel (no new remote command): the
 agent watches the process, the log, the port, /health and /v1/models on the host
-every 50 ms and answers as soon as one of them changes (hostside/watch.py), or after
+every 50 ms and answers as soon as one of them changes (steps/host/watch.py), or after
 `poll_interval` with progress, so the verdict comes one round trip after the event
 whatever the interval. The fatal-line patterns travel with the request, so the agent
 answers early on a line that may be fatal; this side's LogScanner still decides. A
@@ -90,12 +90,12 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
     """Block until ready (returns a dict of facts) or raise OperationFailed / NotReadyInTime.
 
     `log_offset`: where this run's lines start in server.log (a relaunched release appends).
-    `progress`: a tasks.steps.startup.Progress, for the start-up phase and the time left.
+    `progress`: a tasks.startup.estimate.Progress, for the start-up phase and the time left.
     """
     ready_cfg = profile.ready
     timeout = ready_cfg.timeout if timeout is None else timeout
-    if progress is None:  # the phase from the engine's lines (tasks/hostside/startup.py's table)
-        from .startup import Progress
+    if progress is None:  # the phase from the engine's lines (tasks/startup/host/phases.py's table)
+        from ..startup.estimate import Progress
         progress = Progress(profile.server.engine, None)
     served = profile.served_name
     scanner = LogScanner()

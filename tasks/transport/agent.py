@@ -1,7 +1,7 @@
 """All I/O with hosts: SSH connections (strict host keys), the host agent, file pushes.
 
 One SSH connection per host per task, and on it one remote command: the profile's
-Python running the host agent (tasks/hostside) from the copy cached on the host,
+Python running the host agent (the host/ packages of tasks/) from the copy cached on the host,
 sent over stdin only when the host lacks that exact version (tasks/transport/agent_code.py).
 Every later request is a JSON line on that same channel. Files are pushed with SFTP on the
 same connection. The `local` host runs the very same agent as a subprocess.
@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 import threading
 
-from .agent_code import AGENT_FLAGS, HOSTSIDE, bootstrap, payload
+from .agent_code import AGENT_FLAGS, TASKS, bootstrap, payload
 from ..errors import OperationFailed
 
 LOCAL_NAMES = ("local",)
@@ -142,7 +142,7 @@ class Host:
         self._proc = None
         self._sftp = None
         self.stats = {"connections": 0, "commands": 0, "requests": 0}
-        self.code_dir = HOSTSIDE  # the agent's package (tests point it at a modified copy)
+        self.code_dir = TASKS  # whose host/ packages are the agent (tests point it at a modified copy)
 
     # -- connection -------------------------------------------------------------------
     def connect(self):

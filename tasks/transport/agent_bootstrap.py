@@ -35,15 +35,26 @@ except ImportError:
 DAY = 86400
 
 
+def py_files(directory, prefix=""):
+    """Every .py file under `directory` (bytecode caches aside), as paths with "/"."""
+    out = []
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if name.endswith(".py"):
+            out.append(prefix + name)
+        elif name != "__pycache__" and os.path.isdir(path) and not os.path.islink(path):
+            out.extend(py_files(path, prefix + name + "/"))
+    return out
+
+
 def files_digest(directory):
-    """sha256 over (name, length, bytes) of each .py file, sorted by name: what
+    """sha256 over (path, length, bytes) of each .py file, sorted by path: what
     tasks/transport/agent_code.py `digest` computes on the client."""
     h = sha256()
-    for name in sorted(os.listdir(directory)):
-        if name.endswith(".py"):
-            with open(os.path.join(directory, name), "rb") as f:
-                data = f.read()
-            h.update(b"%s\0%d\0" % (name.encode(), len(data)) + data)
+    for name in sorted(py_files(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            data = f.read()
+        h.update(b"%s\0%d\0" % (name.encode(), len(data)) + data)
     return h.hexdigest()
 
 
@@ -93,7 +104,12 @@ def receive(stdin, stdout, root, version_dir, digest):
     package = os.path.join(tmp, "llmfab_host")
     os.mkdir(package, 0o700)
     for name, text in files:
-        with open(os.path.join(package, name), "wb") as f:
+        if name.startswith("/") or ".." in name.split("/"):
+            sys.exit("llmfab agent: refusing a file outside the package: %r" % name)
+        path = os.path.join(package, *name.split("/"))
+        if not os.path.isdir(os.path.dirname(path)):
+            os.makedirs(os.path.dirname(path), 0o700)
+        with open(path, "wb") as f:
             f.write(text.encode())
     if files_digest(package) != digest:
         sys.exit("llmfab agent: the code received does not match its hash %s" % digest)
@@ -124,8 +140,8 @@ def main(digest):
         agent_dir, how = receive(stdin, stdout, root, version_dir, digest)
     sys.path.insert(0, agent_dir)
     sys.dont_write_bytecode = False  # our own directory: compile once, even under PYTHONDONTWRITEBYTECODE
-    from llmfab_host import agent
-    agent.serve(stdin, stdout, greet={"agent_dir": agent_dir, "code": how})
+    from llmfab_host.transport.host import agent_main
+    agent_main.serve(stdin, stdout, greet={"agent_dir": agent_dir, "code": how})
     stdout.flush()
     os._exit(0)  # nothing needs an orderly interpreter shutdown (a few ms of CPU per task)
 

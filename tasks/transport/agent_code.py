@@ -1,8 +1,15 @@
-"""The host agent's code as it travels: every module of tasks/hostside, hashed, and its bootstrap.
+"""The host agent's code as it travels: every host package of tasks/, hashed, and its bootstrap.
 
-The payload is every `*.py` of tasks/hostside (found, not listed: a module added
-there travels without editing anything; which op each serves is the table in
-hostside/ops.py). Its content hash names the copy on the host.
+Each capability keeps its host half beside its client half, in a `host/` package
+(tasks/doctor/host/, tasks/gpu/host/, ...). Those packages, and nothing else, are the code
+that runs on hosts: standard library only, Python >= 3.9 (tests/unit/test_lint.py).
+The payload is every `*.py` of every `host/` package under tasks/ (found, not listed: a
+module or package added there travels without editing anything; which op each serves is
+the table in tasks/transport/host/ops.py), laid out on the host as the package
+`llmfab_host` with the same sub-paths (llmfab_host/doctor/host/spec_check.py). The
+capability packages above them are empty there: their client modules never travel. Its
+content hash names the copy on the host. A supervised release carries the same files
+(tasks/release/launcher.py): one way of shipping code.
 
 The one remote command per task and host is `PYTHON -S -c BOOTSTRAP DIGEST`, BOOTSTRAP
 being tasks/transport/agent_bootstrap.py (readable, commented) minified here at run time. The
@@ -24,15 +31,15 @@ and compiling ~90 KB of sources is most of a cold start.
 import functools
 import hashlib
 import json
-import os
 import threading
 from pathlib import Path
 
-HOSTSIDE = Path(__file__).parent.parent / "hostside"
+TASKS = Path(__file__).resolve().parent.parent  # the package whose host/ folders travel
+HOST_PACKAGE = "llmfab_host"  # their package's name on the host
 
 # -S: no site start-up. The agent needs only the standard library, and an ML environment's
 # site (its .pth files) would cost every task on every host; what looks up an installed
-# package calls hostside.common.site_packages() first.
+# package calls transport.host.common.site_packages() first.
 AGENT_FLAGS = ("-S",)
 
 # The first stage, kept readable in tasks/transport/agent_bootstrap.py (never imported here) and sent
@@ -99,14 +106,28 @@ def digest(files):
     return h.hexdigest()
 
 
-class Payload:
-    """files: [(file name, bytes)]; digest; line: the JSON line the bootstrap reads."""
+def host_files(root=TASKS):
+    """[(path inside llmfab_host/, bytes)], sorted: every module of every `host/` package under
+    `root`, and an empty `__init__.py` for each package above one (on the host they only hold
+    the path: the client's capability modules never travel)."""
+    files = {"__init__.py": b""}
+    for init in sorted(Path(root).rglob("host/__init__.py")):
+        package = init.parent
+        rel = package.relative_to(root).parts
+        if "__pycache__" in rel:
+            continue
+        for depth in range(1, len(rel)):
+            files.setdefault("/".join(rel[:depth] + ("__init__.py",)), b"")
+        for module in sorted(package.glob("*.py")):
+            files["/".join(rel + (module.name,))] = module.read_bytes()
+    return sorted(files.items())
 
-    def __init__(self, directory=HOSTSIDE):
-        self.files = []
-        for name in sorted(n for n in os.listdir(directory) if n.endswith(".py")):
-            with open(os.path.join(directory, name), "rb") as f:
-                self.files.append((name, f.read()))
+
+class Payload:
+    """files: [(path inside llmfab_host/, bytes)]; digest; line: the JSON line the bootstrap reads."""
+
+    def __init__(self, directory=TASKS):
+        self.files = host_files(directory)
         self.digest = digest(self.files)
 
     @property
@@ -119,7 +140,7 @@ _cache = {}
 _cache_lock = threading.Lock()
 
 
-def payload(directory=HOSTSIDE):
+def payload(directory=TASKS):
     """The payload of `directory`, built once per process (every host's thread asks at once)."""
     key = str(directory)
     with _cache_lock:

@@ -8,6 +8,6 @@
     htmlreport.py  report.html: inline SVG charts, the table, the winner and why (pure)
 
 It reuses, never re-implements: deploy (tasks/deploy.py deploy_host), bench
-(tasks/bench.py measure_once, tasks/hostside/bench.py), the doctor's verdict, stop and
+(tasks/bench.py measure_once, tasks/measure/host/loadgen.py), the doctor's verdict, stop and
 rollback (tasks/releases.py rollback_host), and the shipped prompts (tasks/measure/workload.py).
 """

@@ -58,7 +58,7 @@ def put_back(host, base, before, reporter, *, keep, tuned=None, stale_agent=None
     from ..options import DeployOptions, RollbackOptions
     from ..steps.preflight import deploy_dir
     from ..releases import rollback_host
-    from ..steps.stop import stop_deployment
+    from ..steps.shutdown import stop_deployment
     ddir = deploy_dir(base)
     host.start()
     take_lock(host, ddir, "tune", stale_agent=stale_agent)
@@ -82,7 +82,7 @@ def stop_slot(host, base, k, stale_agent, reporter):
     """After Ctrl-C: stop slot k's own deployment (`<name>-s<K>`), ending the sweep's agent
     that held its lock."""
     from ..steps.lock import take_lock
-    from ..steps.stop import stop_deployment
+    from ..steps.shutdown import stop_deployment
     from .slots import slot_name
     ddir = f"{base.target.workdir.rstrip('/')}/{slot_name(base.target.name, k)}"
     take_lock(host, ddir, "tune", stale_agent=stale_agent)

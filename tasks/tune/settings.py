@@ -37,7 +37,7 @@ def varied_flags(vary):
 
 def check(vary, host, flags, engine):
     """UsageError unless every varied flag and value fits the engine's --help (`flags`:
-    {flag: choices|None} from tasks/hostside/enginehelp.py) and the SETTINGS table."""
+    {flag: choices|None} from tasks/tune/host/enginehelp.py) and the SETTINGS table."""
     known = {flag_key(f): (f, choices) for f, choices in (flags or {}).items()}
     for flag, values in varied_flags(vary):
         hit = known.get(flag_key(flag))

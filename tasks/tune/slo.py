@@ -37,7 +37,7 @@ TIE = 0.01              # scores within 1% of each other are a tie
 LOADS = ("concurrency", "rate")
 LOAD_UNIT = {"concurrency": "concurrency", "rate": "req/s"}
 
-# metric -> what one sample gives, in seconds (bench samples, tasks/hostside/bench.py)
+# metric -> what one sample gives, in seconds (bench samples, tasks/measure/host/loadgen.py)
 METRICS = {
     "ttft": ("time to first token", lambda s: [s["ttft_s"]] if s["ttft_s"] is not None else []),
     "tpot": ("time per output token after the first", lambda s: [t] if (t := tpot_s(s)) is not None else []),

@@ -10,7 +10,7 @@ the deployment's lock all along), measures it:
 2. bench it exactly as `fab bench` does (tasks/bench.py measure_once: one warm-up request,
    the measured window, /metrics before and after, the doctor's verdict over the window),
    at each concurrency, `repeat` times, the same seeded prompts every time;
-3. stop it (tasks/steps/stop.py, GPU memory back to its baseline).
+3. stop it (tasks/steps/shutdown.py, GPU memory back to its baseline).
 
 So H alike hosts take about 1/H of the time. Ctrl-C sets `cancel`: every host call made
 after it raises Cancelled (a BaseException, so no clean-up path in between runs: the task
@@ -177,7 +177,7 @@ class Sweep:
         from ..deploy import deploy_host
         from ..options import DeployOptions
         from ..steps.preflight import deploy_dir
-        from ..steps.stop import stop_deployment
+        from ..steps.shutdown import stop_deployment
         profile, name, log = variant.profile, host.name, self.log
         if slot is not None:
             from .slots import slot_profile

@@ -74,7 +74,7 @@ def _check_resume(out, plan):
 
 
 def tune(c, opts):
-    """Body of `fab tune` (opts: tasks.tune.options.TuneOptions)."""
+    """Body of `fab tune` (opts: tasks.tune.sweep_options.TuneOptions)."""
     from ..fleet.runner import load
     from .variants import build
     base = load(c, opts.profile, launching=True)

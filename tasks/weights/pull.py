@@ -8,7 +8,7 @@
    authorised on the hosts only from the pull's hosts, only as the receiver, with an
    expiry, and removed in `finally` (and by the next pull at the latest).
 4. Every file lands as `.NAME.llmfab-part`, resumes from what is there, and is renamed to
-   NAME only once its size and sha256 match (tasks/hostside/weights.py); then manifest.json.
+   NAME only once its size and sha256 match (tasks/weights/host/receiver.py); then manifest.json.
 """
 import json
 import os
@@ -32,7 +32,6 @@ from ..transport.agent import Host
 from .local import list_files
 from .schedule import SOURCE, Fanout
 
-RECEIVER_SOURCE = Path(__file__).resolve().parents[1] / "hostside" / "weights.py"
 KEY_LIFETIME = timedelta(hours=6)   # the expiry-time= of the pull's key (removed long before)
 SPARE = 64 << 20                    # bytes a host must keep free beyond the files
 
@@ -162,7 +161,7 @@ def _plan(st, dirs, pull_id, verify, reporter):
         if st.need:
             reporter.line(st.name, f"needs {_mib(st.need)}"
                                    + (f" (resuming {_mib(resumed)} already here)" if resumed else ""))
-        st.prepared = st.host.call("weights_prepare", pull=pull_id, source=RECEIVER_SOURCE.read_text(),
+        st.prepared = st.host.call("weights_prepare", pull=pull_id,
                                    dirs=[{"path": d["path"], "subdirs": sorted(
                                        {os.path.dirname(f["path"]) for f in d["files"]} - {""})}
                                          for d in dirs], timeout=60)

@@ -36,7 +36,7 @@ DRAFTER = os.environ.get("LLMFAB_GPU_DRAFTER", "")
 VERSION = os.environ.get("LLMFAB_GPU_VLLM_VERSION", "0.26.0")
 OUT = Path(os.environ.get("LLMFAB_GPU_OUT", "/tmp/llmfab-gpu-out"))
 WORKDIR = os.environ.get("LLMFAB_GPU_WORKDIR", "/var/tmp/llmfab-gpu")
-TOLERANCE_MIB = 256  # what "back to baseline" allows (tasks/hostside/gpu.py)
+TOLERANCE_MIB = 256  # what "back to baseline" allows (tasks/gpu/host/nvsmi.py)
 # What every start needs on a host without flashinfer (vLLM's sampler probes for it and
 # EngineCore dies in flashinfer_sampler_supported otherwise), offline.
 ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}

@@ -42,7 +42,7 @@ WORKDIR = os.environ.get("LLMFAB_GPU_WORKDIR", "/tmp/llmfab-gpu-suite")
 NVIDIA_SMI = os.environ.get("LLMFAB_GPU_NVIDIA_SMI", "nvidia-smi")
 EXTRA_ENV = dict(pair.split("=", 1) for pair in os.environ.get("LLMFAB_GPU_ENV", "").split())
 NAME = "llmfab-gpu-suite"
-TOLERANCE_MIB = 256  # tasks/hostside/gpu.py TOLERANCE_MIB: what "back to baseline" allows
+TOLERANCE_MIB = 256  # tasks/gpu/host/nvsmi.py TOLERANCE_MIB: what "back to baseline" allows
 STOP_BAR_S = 5.0
 
 SKIP_REASON = ("LLMFAB_GPU_HOST is not set: no GPU host to run the gpu suite against "

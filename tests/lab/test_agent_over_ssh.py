@@ -2,13 +2,13 @@
 import shutil
 import sys
 from tasks.transport.agent import Host
-from tasks.transport.agent_code import HOSTSIDE, Payload
+from tasks.transport.agent_code import TASKS, Payload
 
 
 def test_over_ssh_cold_and_warm_each_take_one_connection_and_one_remote_command(lab):
     """The `need` exchange rides the one command's stdin/stdout: still 1 + 1 (sshd's log)."""
     from fabric import Config
-    sys.path.insert(0, str(HOSTSIDE.parents[1] / "benchmarks"))
+    sys.path.insert(0, str(TASKS.parent / "benchmarks"))
     from measure import count_sshd
     from hostlab import wait_for
 

@@ -85,7 +85,7 @@ def test_an_open_port_without_a_key_warns_with_both_fixes(lab):
 def test_seed_drafter_on_the_base_profile_warns_only_about_prefix_caching(lab):
     # The base profile plus the DFlash speculative-config, without VLLM_USE_V2_MODEL_RUNNER:
     # vLLM 0.33 (the stand-in's version) picks the V2 runner for this drafter by itself, so the
-    # doctor (tasks/hostside/doctor_rules.py) only warns about the base's prefix caching.
+    # doctor (tasks/doctor/host/spec_rules.py) only warns about the base's prefix caching.
     spec = ('speculative-config = { method = "dflash", model = "/root/models/Qwen3.6-27B-DFlash", '
             "num_speculative_tokens = 15 }")
     r = lab.fab("check", profile=profile(lab, "dflash-nov2", "qwen3.6-27b.toml", "[server.args]", spec))

@@ -1,5 +1,5 @@
 """The code llmfab ships to a host runs on the oldest Python it promises (3.9): the agent
-(tasks/hostside/), the rendered launch.py and the supervisor, all started by `[server] python`,
+(the host/ packages of tasks/), the rendered launch.py and the supervisor, all started by `[server] python`,
 through a whole deploy, status, bench, a crash the supervisor restarts, and a stop of the demo
 server on this machine ("local": no SSH needed). tests/unit/test_lint.py checks the same code
 statically (vermin, 3.9); this runs it. pyenv's 3.9 is on these machines; LLMFAB_PY39 names

@@ -47,7 +47,7 @@ def test_a_redeploy_shares_the_cache_estimates_the_time_left_and_says_warm(lab):
         # (sshd's per-connection SSH_CLIENT / SSH_CONNECTION come from the host, not llmfab;
         # vLLM hashes only its own VLLM_* variables into its compile cache's key)
         assert differ - {"SSH_CLIENT", "SSH_CONNECTION"} == {"LLMFAB_RELEASE"}, differ
-        from tasks.steps.startup import in_vllm_compile_key
+        from tasks.startup.estimate import in_vllm_compile_key
         assert not [k for k in differ if in_vllm_compile_key(k)]
         assert envs[0]["VLLM_CACHE_ROOT"].endswith(f"/llmfab/{name}/cache/vllm-0.33.0")  # host's view
         # a rollback relaunches the first release: its start is recorded too, warm this time

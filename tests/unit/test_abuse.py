@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hostlab import REPO
 from tasks.errors import ProfileError
-from tasks.steps.launcher import render_launcher
+from tasks.release.launcher import render_launcher
 from tasks.profile import load_profile
 from naughty import CANARY, EVIL_FILE, NAUGHTY, load_text, say, toml_str
 

@@ -1,6 +1,6 @@
-"""The host agent's code: every module of tasks/hostside, sent only when the host lacks that
+"""The host agent's code: every module of the host/ packages of tasks/, sent only when the host lacks that
 version, verified before it runs (tasks/transport/agent_code.py); its ops in one table
-(tasks/hostside/ops.py).
+(tasks/transport/host/ops.py).
 
 These run the real bootstrap with the real profile Python as a subprocess (the `local`
 host: the same agent, the same bootstrap, without the SSH hop), with XDG_CACHE_HOME
@@ -16,8 +16,8 @@ import subprocess
 import sys
 import pytest
 from tasks.transport.agent import AgentError, AgentStartFailed, Host
-from tasks.transport.agent_code import BOOTSTRAP_FILE, HOSTSIDE, Payload, bootstrap, minify
-from tasks.hostside.ops import OPS
+from tasks.transport.agent_code import BOOTSTRAP_FILE, TASKS, Payload, bootstrap, minify
+from tasks.transport.host.ops import OPS
 from agentstart import start
 
 
@@ -31,34 +31,49 @@ def cache(tmp_path, monkeypatch):
     return root
 
 
-def version_dir(cache, code_dir=HOSTSIDE):
+def version_dir(cache, code_dir=TASKS):
     return cache / "llmfab" / "agent" / Payload(code_dir).digest[:32]
 
 
-def test_every_module_travels():
-    names = sorted(n for n in os.listdir(HOSTSIDE) if n.endswith(".py"))
-    assert [n for n, _ in Payload().files] == names
+def host_modules():
+    """Every module of a host/ package, as its path inside llmfab_host/ (found here by hand)."""
+    return sorted(p.relative_to(TASKS).as_posix() for p in TASKS.rglob("*.py")
+                  if "host" in p.relative_to(TASKS).parts[:-1] and "__pycache__" not in p.parts)
+
+
+def test_every_host_module_travels_and_nothing_else():
+    """Exactly the host/ packages, plus empty __init__.py files for the packages above them
+    (tasks/doctor/__init__.py imports client code: its host copy is empty)."""
+    files = dict(Payload().files)
+    assert sorted(n for n in files if "/host/" in "/" + n) == host_modules()
+    above = sorted(n for n in files if "/host/" not in "/" + n)
+    assert above == ["__init__.py"] + sorted({n.split("/host/")[0] + "/__init__.py" for n in host_modules()})
+    assert all(files[n] == b"" for n in above)
 
 
 def test_the_op_table_names_every_op_function_and_nothing_else():
     """ops.py is the one place every op is listed: each row's function exists, and every
     `op_*` function of the package is a row's (an op nobody can call is a mistake)."""
     served = set()
-    for name in sorted(n[:-3] for n in os.listdir(HOSTSIDE) if n.endswith(".py")):
-        module = importlib.import_module("tasks.hostside." + name)
+    for path in host_modules():
+        name = path[:-3].replace("/", ".")
+        module = importlib.import_module("tasks." + name)
         served |= {(name, f) for f in vars(module) if f.startswith("op_") and callable(vars(module)[f])}
     assert {(i.module, i.function) for i in OPS.values()} == served
     assert all(i.function == "op_" + op for op, i in OPS.items())
 
 
 def test_a_module_added_to_the_package_travels_and_serves_its_table_row(tmp_path, cache):
-    pkg = tmp_path / "hostside"
-    shutil.copytree(HOSTSIDE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    (pkg / "zz_extra.py").write_text(
-        "from .common import expand\n\n\ndef op_ping(req):\n    return {'pong': expand('~')}\n")
-    table = (pkg / "ops.py").read_text()
-    (pkg / "ops.py").write_text(table.replace('OPS = {', 'OPS = {\n    "ping": OpInfo("zz_extra", "op_ping", "t"),'))
-    host, _ = start(pkg)
+    tree = tmp_path / "tasks"
+    shutil.copytree(TASKS, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "zz_new" / "host").mkdir(parents=True)  # a new capability: its package travels too
+    (tree / "zz_new" / "host" / "__init__.py").write_text("")
+    (tree / "zz_new" / "host" / "extra.py").write_text(
+        "from ...transport.host.common import expand\n\n\ndef op_ping(req):\n    return {'pong': expand('~')}\n")
+    table = (tree / "transport" / "host" / "ops.py").read_text()
+    (tree / "transport" / "host" / "ops.py").write_text(
+        table.replace('OPS = {', 'OPS = {\n    "ping": OpInfo("zz_new.host.extra", "op_ping", "t"),'))
+    host, _ = start(tree)
     try:
         assert host.call("ping") == {"pong": os.path.expanduser("~")}
         with pytest.raises(AgentError, match="unknown agent operation 'nope'"):
@@ -80,7 +95,7 @@ def test_sent_once_then_run_from_the_verified_cache(cache):
         assert host.stats == {"connections": 0, "commands": 1, "requests": 1}
     finally:
         host.close()
-    assert list((vdir / "llmfab_host" / "__pycache__").glob("agent.*.pyc"))  # bytecode cached
+    assert list((vdir / "llmfab_host" / "transport" / "host" / "__pycache__").glob("agent_main.*.pyc"))  # bytecode
 
 
 @pytest.mark.parametrize("damage", ["tampered", "half-written", "extra file", "group-writable"])
@@ -88,15 +103,15 @@ def test_a_damaged_copy_is_replaced_never_run(cache, tmp_path, damage):
     start()[0].close()
     pkg = version_dir(cache) / "llmfab_host"
     marker = tmp_path / "marker"
-    common = pkg / "common.py"
+    common = pkg / "transport" / "host" / "common.py"
     original = common.read_bytes()
     if damage == "tampered":
         common.write_text(MARKER_CODE % str(marker) + original.decode())
     elif damage == "half-written":
         common.write_bytes(original[:len(original) // 2])
-        (pkg / "agent.py").unlink()
+        (pkg / "transport" / "host" / "agent_main.py").unlink()
     elif damage == "extra file":
-        (pkg / "zz_evil.py").write_text(MARKER_CODE % str(marker))
+        (pkg / "gpu" / "zz_evil.py").write_text(MARKER_CODE % str(marker))
     else:
         os.chmod(pkg.parent, 0o770)
     host, hello = start()
@@ -106,7 +121,7 @@ def test_a_damaged_copy_is_replaced_never_run(cache, tmp_path, damage):
     finally:
         host.close()
     assert not marker.exists()
-    assert common.read_bytes() == original and not (pkg / "zz_evil.py").exists()
+    assert common.read_bytes() == original and not (pkg / "gpu" / "zz_evil.py").exists()
     assert stat.S_IMODE(pkg.parent.stat().st_mode) == 0o700
     assert [p.name for p in pkg.parent.parent.iterdir()] == [pkg.parent.name]  # nothing left over
 
@@ -164,7 +179,8 @@ def test_the_first_stage_installs_verifies_and_reuses_the_agent(tmp_path, varian
     vdir = cache_home / "llmfab" / "agent" / payload.digest[:32]
     assert code == 0 and out[0] == {"need": 1}
     assert (out[1]["code"], out[1]["agent_dir"]) == ("sent", str(vdir)), out
-    assert sorted(p.name for p in (vdir / "llmfab_host").glob("*.py")) == [n for n, _ in payload.files]
+    assert sorted(p.relative_to(vdir / "llmfab_host").as_posix() for p in (vdir / "llmfab_host").rglob("*.py")) \
+        == [n for n, _ in payload.files]
     code, out, _ = _first_stage(argv, cache_home, payload)
     assert code == 0 and [o.get("code") for o in out] == ["cached"]
     code, out, err = _first_stage(argv, cache_home, payload, digest="1" * 64)
@@ -232,18 +248,18 @@ def test_a_missing_python_is_reported_as_a_start_failure():
 
 def test_each_request_imports_only_the_modules_it_needs():
     probe = ("import io, json, sys\n"
-             "from tasks.hostside import agent\n"
+             "from tasks.transport.host import agent_main\n"
              "reqs = b''.join(json.dumps(r).encode() + b'\\n' for r in sys.argv[1:] and\n"
              "                [{'op': op} for op in sys.argv[1:]])\n"
-             "agent.serve(io.BytesIO(reqs), io.BytesIO())\n"
-             "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if m.startswith('tasks.hostside.')))\n")
+             "agent_main.serve(io.BytesIO(reqs), io.BytesIO())\n"
+             "print(sorted(m.rsplit('.', 1)[1] for m in sys.modules if '.host.' in m))\n")
 
     def loaded(*ops):
         r = subprocess.run([sys.executable, "-c", probe, *ops], capture_output=True, text=True,
-                           cwd=str(HOSTSIDE.parents[1]), timeout=60, check=True)
+                           cwd=str(TASKS.parent), timeout=60, check=True)
         return set(json.loads(r.stdout.replace("'", '"')))
 
     base = loaded("hello")
-    assert base == {"agent", "common", "ops"}
-    assert loaded("hello", "lock") == base | {"lock"}
-    assert "bench" not in loaded("hello", "lock", "poll") and "probe" in loaded("poll")
+    assert base == {"agent_main", "common", "ops"}
+    assert loaded("hello", "lock") == base | {"flock"}
+    assert "loadgen" not in loaded("hello", "lock", "poll") and "probe" in loaded("poll")

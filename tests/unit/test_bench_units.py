@@ -219,26 +219,26 @@ def test_compare_warns_naming_each_setting_in_which_two_runs_differ(tmp_path):
 def test_random_prompts_are_token_ids_of_the_model_vocabulary(tmp_path):
     """--random-input-len: N ids each, seeded, none of them a special token, read from the
     model's tokenizer.json on the host (here a small one in the layout of the tiny model's)."""
-    import tasks.hostside.bench
-    from tasks.hostside.common import HostError
+    import tasks.measure.host.loadgen
+    from tasks.transport.host.common import HostError
     tok = {"model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(40)}},
            "added_tokens": [{"id": 0, "content": "<unk>", "special": True},
                             {"id": 2, "content": "</s>", "special": True},
                             {"id": 39, "content": "word", "special": False}]}
     (tmp_path / "tokenizer.json").write_text(json.dumps(tok))
-    prompts = tasks.hostside.bench.random_prompts(str(tmp_path), 5, 300, seed=0)
+    prompts = tasks.measure.host.loadgen.random_prompts(str(tmp_path), 5, 300, seed=0)
     assert len(prompts) == 5 and all(len(p["prompt"]) == 300 for p in prompts)
     ids = {i for p in prompts for i in p["prompt"]}
     assert ids <= set(range(40)) - {0, 2} and 39 in ids and len(ids) > 30
-    assert prompts == tasks.hostside.bench.random_prompts(str(tmp_path), 5, 300, seed=0)
-    assert prompts != tasks.hostside.bench.random_prompts(str(tmp_path), 5, 300, seed=1)
+    assert prompts == tasks.measure.host.loadgen.random_prompts(str(tmp_path), 5, 300, seed=0)
+    assert prompts != tasks.measure.host.loadgen.random_prompts(str(tmp_path), 5, 300, seed=1)
     with pytest.raises(HostError, match="needs the model's tokenizer.json on the host"):
-        tasks.hostside.bench.random_prompts(str(tmp_path / "nope"), 1, 8, seed=0)
+        tasks.measure.host.loadgen.random_prompts(str(tmp_path / "nope"), 1, 8, seed=0)
 
 
 def test_ignore_eos_and_token_id_prompts_reach_the_request_body():
-    import tasks.hostside.bench
-    path, body = tasks.hostside.bench._request_for({"prompt": [5, 6, 7]}, "m", 16, {"ignore_eos": True})
+    import tasks.measure.host.loadgen
+    path, body = tasks.measure.host.loadgen._request_for({"prompt": [5, 6, 7]}, "m", 16, {"ignore_eos": True})
     assert path == "/v1/completions" and body["prompt"] == [5, 6, 7] and body["ignore_eos"] is True
 
 
@@ -309,17 +309,17 @@ def test_ttft_itl_and_tpot_count_the_chunks_that_carry_tokens_as_vllm_bench_serv
 def _request_with_ticking_clock(monkeypatch, server):
     """One streamed request through the host side's one_request, its clock ticking 1 s per
     reading (start, each data chunk, end): the times it records are the chunks' order."""
-    import tasks.hostside.bench
+    import tasks.measure.host.loadgen
     ticks = iter(range(1000))
 
     class Clock:
         @staticmethod
         def perf_counter():
             return float(next(ticks))
-    monkeypatch.setattr(tasks.hostside.bench, "time", Clock)
+    monkeypatch.setattr(tasks.measure.host.loadgen, "time", Clock)
     try:
         url = "http://127.0.0.1:%d/v1/completions" % server.server_address[1]
-        return tasks.hostside.bench.one_request(url, {"prompt": "x"}, {"Content-Type": "application/json"}, 10)
+        return tasks.measure.host.loadgen.one_request(url, {"prompt": "x"}, {"Content-Type": "application/json"}, 10)
     finally:
         server.shutdown()
         server.server_close()

@@ -6,9 +6,9 @@ import pytest
 
 from tasks import docsgen, ns
 from tasks.failures.rules import RULES as FAILURE_RULES
-from tasks.hostside.doctor_rules import LOG_RULES, RULES as DOCTOR_RULES
+from tasks.doctor.host.spec_rules import LOG_RULES, RULES as DOCTOR_RULES
 from tasks.profile import load_profile, tomllib
-from tasks.profile.check import Checker
+from tasks.profile.readers import Checker
 from tasks.profile.keys import TABLES, Key
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tasks.hostside import doctor_log, doctor_check, doctor_facts, versions
-from tasks.hostside.doctor_rules import LOG_RULES, RULES
+from tasks.doctor.host import spec_evidence, spec_check, spec_facts, versions
+from tasks.doctor.host.spec_rules import LOG_RULES, RULES
 from helpers import DRAFT, TARGET
 
 
@@ -33,7 +33,7 @@ def request(tmp_path, draft=DRAFT, target=TARGET, **over):
 
 
 def ids(req, version):
-    return [f["rule"] for f in doctor_check.evaluate(doctor_facts.facts(req, version), req["accept"])]
+    return [f["rule"] for f in spec_check.evaluate(spec_facts.facts(req, version), req["accept"])]
 
 
 ALL_FULL = dict(copy.deepcopy(DRAFT), layer_types=["full_attention"] * 5)
@@ -59,7 +59,7 @@ def test_each_version_rule_on_both_sides_of_its_range(tmp_path, rule, over, draf
     req = request(tmp_path, draft=draft, **over)
     assert rule in ids(req, inside)
     assert rule not in ids(req, outside)
-    found = [f for f in doctor_check.evaluate(doctor_facts.facts(req, inside)) if f["rule"] == rule][0]
+    found = [f for f in spec_check.evaluate(spec_facts.facts(req, inside)) if f["rule"] == rule][0]
     assert found["evidence"] == "version" and inside in found["message"]
     assert set(found) == {"rule", "severity", "message", "fix", "source", "evidence"}
 
@@ -69,7 +69,7 @@ def test_seed_case_on_0_20_1_reports_offset_swa_and_prefix_caching(tmp_path):
     # runner env, prefix caching on in the base profile.
     req = request(tmp_path, v2_env=None,
                   prefix_caching={"value": True, "key": "server.args.enable-prefix-caching"})
-    found = {f["rule"]: f for f in doctor_check.evaluate(doctor_facts.facts(req, "0.20.1"))}
+    found = {f["rule"]: f for f in spec_check.evaluate(spec_facts.facts(req, "0.20.1"))}
     assert sorted(found) == ["vllm-dflash-layer-offset", "vllm-dflash-prefix-caching",
                              "vllm-dflash-swa-ignored"]
     assert "[1, 16, 31, 46, 61]" in found["vllm-dflash-layer-offset"]["message"]
@@ -97,7 +97,7 @@ def _config_rule(tmp_path, rule, draft=DRAFT, target=TARGET, **over):
     good = ids(request(tmp_path / "good"), "0.33.0")
     assert good == [], good
     bad = request(tmp_path / "bad", draft=draft, target=target, **over)
-    found = [f for f in doctor_check.evaluate(doctor_facts.facts(bad, "0.33.0")) if f["rule"] == rule]
+    found = [f for f in spec_check.evaluate(spec_facts.facts(bad, "0.33.0")) if f["rule"] == rule]
     assert len(found) == 1, ids(bad, "0.33.0")
     assert found[0]["evidence"] == "config"
     return found[0]
@@ -144,16 +144,16 @@ def test_drafter_config_both_sides(tmp_path, config, words):
 
 def test_accepted_fail_becomes_warn(tmp_path):
     req = request(tmp_path, accept=["vllm-dflash-swa-ignored"])
-    found = doctor_check.evaluate(doctor_facts.facts(req, "0.24.0"), req["accept"])
+    found = spec_check.evaluate(spec_facts.facts(req, "0.24.0"), req["accept"])
     swa = [f for f in found if f["rule"] == "vllm-dflash-swa-ignored"][0]
     assert swa["severity"] == "WARN" and swa["accepted"] is True
-    check = doctor_check.checks([swa])[0]
+    check = spec_check.checks([swa])[0]
     assert check["status"] == "WARN" and "(accepted in the profile)" in check["message"]
 
 
 def test_no_method_no_findings(tmp_path):
-    assert doctor_check.run(None) == ({}, [])
-    assert doctor_check.run({"engine": "vllm", "method": None}) == ({}, [])
+    assert spec_check.run(None) == ({}, [])
+    assert spec_check.run({"engine": "vllm", "method": None}) == ({}, [])
 
 
 @pytest.mark.parametrize("version,spec,inside", [
@@ -172,11 +172,11 @@ def test_bad_range_is_an_error():
 
 
 def test_every_rule_range_and_message_is_well_formed(tmp_path):
-    facts = doctor_facts.facts(request(tmp_path), "0.20.1")
+    facts = spec_facts.facts(request(tmp_path), "0.20.1")
     for rule in RULES + LOG_RULES:
         versions.in_range("0.20.0", rule.versions)
         assert rule.severity in ("FAIL", "WARN", "INFO") and rule.source and rule.fix
-        doctor_check.finding(rule, facts, "version")  # every template formats
+        spec_check.finding(rule, facts, "version")  # every template formats
     assert len({r.id for r in RULES}) == len(RULES)
 
 
@@ -197,8 +197,8 @@ V2_LINE = ("(EngineCore_DP0 pid=4242) INFO 05-02 10:11:12 [eagle3_utils.py:28] U
     (V2_LINE.replace("from config", "from model") % "(2, 32, 61)", "vllm-dflash-aux-layers-ignored"),
 ])
 def test_log_evidence(tmp_path, line, rule):
-    facts = doctor_facts.facts(request(tmp_path), "0.33.0")
-    ev = doctor_log.evidence(facts, "INFO starting\n" + line + "\nINFO more\n")
+    facts = spec_facts.facts(request(tmp_path), "0.33.0")
+    ev = spec_evidence.evidence(facts, "INFO starting\n" + line + "\nINFO more\n")
     assert [f["rule"] for f in ev["findings"]] == ([rule] if rule else [])
     assert ev["runner"] == ("v1" if "gpu_model_runner" in line else "v2")
     assert ev["aux_line"].startswith("Using ")
@@ -208,27 +208,27 @@ def test_log_evidence(tmp_path, line, rule):
 
 
 def test_log_runner_lines():
-    assert doctor_log.parse("INFO [gpu_worker.py:272] Using V2 Model Runner\n")["runner"] == "v2"
-    seen = doctor_log.parse("WARNING [vllm.py:761] Model Runner V2 does not yet support custom logits "
+    assert spec_evidence.parse("INFO [gpu_worker.py:272] Using V2 Model Runner\n")["runner"] == "v2"
+    seen = spec_evidence.parse("WARNING [vllm.py:761] Model Runner V2 does not yet support custom logits "
                          "processors; using the V1 model runner instead.\n")
     assert seen["runner"] == "v1" and seen["v1_because"] == "custom logits processors"
-    assert doctor_log.parse("nothing here\n")["aux_layers"] is None
+    assert spec_evidence.parse("nothing here\n")["aux_layers"] is None
 
 
 def test_log_mtp_warning_is_an_info_finding(tmp_path):
     req = dict(request(tmp_path), method="mtp")
-    facts = doctor_facts.facts(req, "0.33.0")
+    facts = spec_facts.facts(req, "0.33.0")
     line = ("WARNING 05-02 10:11:12 [speculative.py:1491] Enabling num_speculative_tokens > 1 will run "
             "multiple times of forward on same MTP layer,which may result in lower acceptance rate")
-    ev = doctor_log.evidence(facts, line + "\n")
+    ev = spec_evidence.evidence(facts, line + "\n")
     assert [(f["rule"], f["severity"], f["evidence"]) for f in ev["findings"]] == [
         ("vllm-mtp-layer-reused", "INFO", "log")]
-    assert doctor_log.evidence(facts, "INFO nothing\n")["findings"] == []
+    assert spec_evidence.evidence(facts, "INFO nothing\n")["findings"] == []
 
 
 def test_a_fail_line_says_how_to_accept_it(tmp_path):
     req = request(tmp_path)
-    found = doctor_check.evaluate(doctor_facts.facts(req, "0.24.0"))
-    [line] = [c for c in doctor_check.checks(found) if c["check"] == "vllm-dflash-swa-ignored"]
+    found = spec_check.evaluate(spec_facts.facts(req, "0.24.0"))
+    [line] = [c for c in spec_check.checks(found) if c["check"] == "vllm-dflash-swa-ignored"]
     assert line["status"] == "FAIL"
     assert '; or, knowing better, [check] accept = ["vllm-dflash-swa-ignored"] [' in line["message"]

@@ -9,7 +9,7 @@ import pytest
 
 from tasks.failures.explain import Readings, explain
 from tasks.failures.rules import BY_ID, RULES
-from tasks.hostside import oomkill
+from tasks.failures.host import oomkill
 from tasks.failures.logscan import LogScanner
 from tasks.profile import load_profile
 
@@ -169,13 +169,13 @@ def test_explanation_message_is_cause_then_fix(profile):
     (r"Errno 98|Errno 99", "Errno 9"),                  # the common start of two alternatives
 ])
 def test_a_patterns_required_literal_is_text_every_match_contains(regex, needle):
-    from tasks.failures.rules.types import required_literal
+    from tasks.failures.rules.records import required_literal
     assert required_literal(regex) == needle
 
 
 def test_a_case_insensitive_pattern_fires():
     # Issue 22: the literal prefilter was case-sensitive, so a (?i) pattern never fired.
-    from tasks.failures.rules.types import Pattern, Rule
+    from tasks.failures.rules.records import Pattern, Rule
     rule = Rule("x", "x", 1, "c", "f", (Pattern(r"(?i)cuda out of memory", "test"),))
     assert rule.match("torch.OutOfMemoryError: CUDA Out Of Memory. Tried")
 

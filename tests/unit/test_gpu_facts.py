@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.hostside import gpu, gpuprocs, procs
+from tasks.gpu.host import nvsmi, gpuprocs
+from tasks.steps.host import procs
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi"
 
@@ -41,13 +42,13 @@ GPUS = [  # fixture, [(index, name, used, total, util)]
 
 @pytest.mark.parametrize("name,expected", GPUS, ids=[g[0] for g in GPUS])
 def test_parse_gpus(name, expected):
-    got = gpu.parse_gpus(fixture(name))
+    got = nvsmi.parse_gpus(fixture(name))
     assert [(g["index"], g["name"], g["used_mib"], g["total_mib"], g["util_pct"]) for g in got] == expected
     assert all(g["uuid"].startswith("GPU-") for g in got)
 
 
 def test_parse_gpus_h100x8():
-    got = gpu.parse_gpus(fixture("gpus_h100x8_vllm_tp4.txt"))
+    got = nvsmi.parse_gpus(fixture("gpus_h100x8_vllm_tp4.txt"))
     assert [g["index"] for g in got] == list(range(8))
     assert [g["used_mib"] for g in got] == [72301, 72299, 72299, 72301, 1, 1, 40433, 1]
     assert {g["total_mib"] for g in got} == {81559}
@@ -71,22 +72,22 @@ APPS = [  # apps fixture, gpus fixture, [(pid, name, MiB, gpu index)]
 
 @pytest.mark.parametrize("apps,gpus,expected", APPS, ids=[f"{a[0]}+{a[1]}" for a in APPS])
 def test_parse_apps(apps, gpus, expected):
-    got = gpu.parse_apps(fixture(apps), gpu.parse_gpus(fixture(gpus)))
+    got = nvsmi.parse_apps(fixture(apps), nvsmi.parse_gpus(fixture(gpus)))
     assert [(a["pid"], a["name"], a["used_mib"], a["gpu"]) for a in got] == expected
     assert all(a["source"] == "nvidia-smi" for a in got)
 
 
 @pytest.mark.parametrize("text", ["", "\n\n", "garbage", "1, 2", "x, y, z, w, v, u", "[N/A], a, b, c, d, e"])
 def test_parsers_never_raise(text):
-    assert gpu.parse_gpus(text) == []
-    assert gpu.parse_apps(text) == []
+    assert nvsmi.parse_gpus(text) == []
+    assert nvsmi.parse_apps(text) == []
 
 
 def test_query_reports_why_nvidia_smi_failed(tmp_path):
-    assert gpu.query_gpus(str(tmp_path / "nope")) == (None, f"{tmp_path / 'nope'} not found on PATH")
+    assert nvsmi.query_gpus(str(tmp_path / "nope")) == (None, f"{tmp_path / 'nope'} not found on PATH")
     broken = fake_smi(tmp_path, "gpus_empty.txt", "apps_none.txt", rc=9,
                       say="NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
-    gpus, err = gpu.query_gpus(broken)
+    gpus, err = nvsmi.query_gpus(broken)
     assert gpus is None and "status 9" in err and "couldn't communicate" in err
 
 
@@ -126,7 +127,7 @@ def test_scan_fds_counts_per_gpu_nodes_only(tmp_path):
 
 
 def test_minor_to_index_reads_the_driver(tmp_path):
-    gpus = gpu.parse_gpus(fixture("gpus_h100x8_vllm_tp4.txt"))
+    gpus = nvsmi.parse_gpus(fixture("gpus_h100x8_vllm_tp4.txt"))
     for minor, g in ((7, gpus[0]), (0, gpus[1])):  # minors need not follow nvidia-smi's order
         d = tmp_path / "driver" / "nvidia" / "gpus" / f"0000:{minor:02x}:00.0"
         d.mkdir(parents=True)

@@ -12,7 +12,7 @@ from tasks.profile import load_profile
 from tasks.options import KillGpuProcsOptions
 
 from tasks import kill_gpu_procs
-from tasks.steps import gpu_memory
+from tasks.gpu import memory
 from tasks.errors import OperationFailed
 from tasks.transport.agent import Host
 
@@ -63,7 +63,7 @@ def test_selection_flags(tmp_path):
 
 
 def test_tolerance_and_limits():
-    from tasks.hostside.gpu import baseline_limits, tolerance
+    from tasks.gpu.host.nvsmi import baseline_limits, tolerance
     assert tolerance(0) == 256 and tolerance(100_000) == 2000
     base = {"gpus": [{"index": 0, "used_mib": 4}, {"index": 1, "used_mib": 30000},
                      {"index": 2, "used_mib": None}], "devices": [1, 2]}
@@ -86,14 +86,14 @@ def local_host(tmp_path):
 
 def test_wait_freed_returns_readings_once_under_the_limit(local_host):
     host, smi = local_host
-    gpus = gpu_memory.wait_freed(host, nvidia_smi=smi, limits={0: 41891}, timeout=5)
+    gpus = memory.wait_freed(host, nvidia_smi=smi, limits={0: 41891}, timeout=5)
     assert [(g["index"], g["used_mib"]) for g in gpus] == [(0, 41891)]
 
 
 def test_wait_freed_names_the_holders_when_time_runs_out(local_host):
     host, smi = local_host
     with pytest.raises(OperationFailed) as e:
-        gpu_memory.wait_freed(host, nvidia_smi=smi, limits={0: 256}, timeout=0.5, what="GPU memory of x")
+        memory.wait_freed(host, nvidia_smi=smi, limits={0: 256}, timeout=0.5, what="GPU memory of x")
     assert "GPU memory of x not freed after 0 s: GPU 0 uses 41891 MiB (limit 256 MiB)" in e.value.message
     # The container case: pids of another namespace (plus whatever holds /dev/nvidia0 here).
     assert {"pid 1283556 (GPU 0, 40210 MiB, via nvidia-smi; not a process of this PID namespace)",

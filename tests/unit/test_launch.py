@@ -1,4 +1,4 @@
-"""The launch op (tasks/hostside/launch.py): launch.py runs as its own process,
+"""The launch op (tasks/release/host/launch.py): launch.py runs as its own process,
 `PYTHON launch.py`, and what a user, `ps` and `fab stop` see is that launcher and its server.
 
 Each case runs a real agent-like process (`PYTHON -c ...` calling op_launch, holding an
@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from hostlab import wait_for
-from tasks.steps.launcher import render_launcher
+from tasks.release.launcher import render_launcher
+from agentstart import host_package
 from tasks.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,7 +28,7 @@ PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.execu
 AGENT = textwrap.dedent("""
     import fcntl, json, os, sys
     sys.path.insert(0, sys.argv[1])
-    from hostside import launch
+    from llmfab_host.release.host import launch
     launch.LAUNCH_TIMEOUT_S = float(sys.argv[5])
     fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -51,7 +52,7 @@ def _release(tmp_path, command, python=PYTHON):
 
 
 def _agent(tmp_path, launch_python, agent_python=PYTHON, timeout_s=60):
-    r = subprocess.run([agent_python, "-c", AGENT, str(REPO / "tasks"), str(tmp_path / "lock"),
+    r = subprocess.run([agent_python, "-c", AGENT, host_package(tmp_path / "agent"), str(tmp_path / "lock"),
                         str(tmp_path / "d"), launch_python, str(timeout_s)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tasks.steps.argv import render_args, server_argv
-from tasks.steps.launcher import render_argv_json, render_launcher, render_secrets
+from tasks.release.launcher import render_argv_json, render_launcher, render_secrets
 from tasks.profile.types import JsonTable
 from tasks.profile import load_profile
 

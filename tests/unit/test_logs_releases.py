@@ -12,8 +12,8 @@ import random
 import threading
 import pytest
 from tasks.releases import describe_end, previous_release, rows, stamp_time, table_lines
-from tasks.hostside import logs
-from tasks.hostside import releases
+from tasks.steps.host import logs
+from tasks.release.host import release_dirs
 from tasks.options import TailLogOptions
 from tasks.log_lines import LineAssembler, is_fatal, utf8_boundary
 from tasks.errors import UsageError
@@ -170,8 +170,8 @@ NAMES = ["20250101T000000Z", "20250101T000000Z-2", "20250102T000000Z", "20250103
 @pytest.mark.parametrize("keep", [1, 2, 3])
 def test_prune_never_removes_current_or_the_one_before(tmp_path, current, keep):
     ddir = _deployment(tmp_path, NAMES, current)
-    removed = releases.prune(ddir, keep)
-    left = releases.releases_sorted(ddir)
+    removed = release_dirs.prune(ddir, keep)
+    left = release_dirs.releases_sorted(ddir)
     idx = NAMES.index(current)
     protected = {current, NAMES[max(idx - 1, 0)]}
     assert protected <= set(left)
@@ -182,8 +182,8 @@ def test_prune_never_removes_current_or_the_one_before(tmp_path, current, keep):
 
 def test_prune_keeps_newest_n(tmp_path):
     ddir = _deployment(tmp_path, NAMES, NAMES[-1])
-    assert releases.prune(ddir, 3) == NAMES[:3]
-    assert releases.releases_sorted(ddir) == NAMES[3:]
+    assert release_dirs.prune(ddir, 3) == NAMES[:3]
+    assert release_dirs.releases_sorted(ddir) == NAMES[3:]
 
 
 def test_describe_end():

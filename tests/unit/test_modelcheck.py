@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.hostside import modelcheck
-from tasks.hostside import doctor_check, doctor_facts
+from tasks.steps.host import modelcheck
+from tasks.doctor.host import spec_check, spec_facts
 from tasks.profile.types import Gpu, JsonTable, Profile, Ready, Secret, Server, Target
 from tasks.profile.models import models_request
 
@@ -44,12 +44,12 @@ def by_status(records, status):
 
 def preflight(req):
     """The host preflight's model records: modelcheck's, then the doctor's rules that hold on
-    any engine version (tasks/hostside/doctor_check.py; version rules: test_specrules.py)."""
+    any engine version (tasks/doctor/host/spec_check.py; version rules: test_specrules.py)."""
     doctor = {"engine": req["engine"], "method": req["method"], "method_key": req["keys"].get("method"),
               "draft": req["draft"], "draft_key": req["keys"].get("draft"), "target": req["target"],
               "k": req.get("spec_tokens"), "v2_env": "1" if req.get("v2_runner") else None,
               "prefix_caching": {"value": False}}
-    return modelcheck.run(req) + doctor_check.checks(doctor_check.evaluate(doctor_facts.facts(doctor, None)))
+    return modelcheck.run(req) + spec_check.checks(spec_check.evaluate(spec_facts.facts(doctor, None)))
 
 
 def test_zlab_drafter_on_its_target_passes(tmp_path):

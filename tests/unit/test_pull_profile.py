@@ -4,9 +4,9 @@ pulled model changes at launch (HF_HUB_OFFLINE=1) and in the preflight (the fix 
 import pytest
 
 from tasks.errors import ProfileError
-from tasks.hostside.preflight import check_paths
+from tasks.steps.host.preflight_checks import check_paths
 from tasks.profile import load_profile
-from tasks.steps.launcher import render_launcher
+from tasks.release.launcher import render_launcher
 from tasks.steps.preflight import preflight_request
 
 BASE = ["[target]", 'name = "p"', "[server]", 'engine = "vllm"', 'model = "/m/target"']

@@ -1,8 +1,8 @@
 """Host ops that save a deploy work on the host (measured by benchmarks/run.py):
 
-- put_file (tasks/hostside/files.py): Host.put sends files up to transport.AGENT_PUT_MAX
+- put_file (tasks/transport/host/files.py): Host.put sends files up to transport.AGENT_PUT_MAX
   bytes on the agent's channel, so a deploy needs one remote command (no SFTP subsystem);
-- gpu_baseline's reuse_s (tasks/hostside/gpu.py): when nothing was stopped since preflight,
+- gpu_baseline's reuse_s (tasks/gpu/host/nvsmi.py): when nothing was stopped since preflight,
   its nvidia-smi reading is the baseline (one nvidia-smi run per deploy, not two).
 """
 import base64
@@ -12,8 +12,9 @@ import stat
 
 import pytest
 
-from tasks.hostside import files, gpu
-from tasks.hostside.common import HostError
+from tasks.transport.host import files
+from tasks.gpu.host import nvsmi
+from tasks.transport.host.common import HostError
 
 
 def test_put_file_writes_bytes_exactly_with_the_mode(tmp_path):
@@ -51,7 +52,7 @@ def counting_smi(tmp_path):
 
 
 def _baseline(tmp_path, smi, **req):
-    out = gpu.op_gpu_baseline(dict(deploy_dir=str(tmp_path / "d"), release="r1", nvidia_smi=str(smi), **req))
+    out = nvsmi.op_gpu_baseline(dict(deploy_dir=str(tmp_path / "d"), release="r1", nvidia_smi=str(smi), **req))
     saved = json.loads((tmp_path / "d" / "releases" / "r1" / "gpu-baseline.json").read_text())
     assert saved["gpus"] == out["gpus"]
     return out
@@ -59,7 +60,7 @@ def _baseline(tmp_path, smi, **req):
 
 def test_gpu_baseline_reuses_a_fresh_reading_only_when_asked(tmp_path, counting_smi):
     smi, runs = counting_smi
-    gpus, err = gpu.query_gpus(str(smi))  # what preflight's GPU check does
+    gpus, err = nvsmi.query_gpus(str(smi))  # what preflight's GPU check does
     assert err is None and gpus[0]["used_mib"] == 4
     assert _baseline(tmp_path, smi, reuse_s=2.0)["gpus"] == gpus
     assert runs.read_text().count("run") == 1  # no second nvidia-smi
@@ -72,25 +73,25 @@ def test_gpu_baseline_reuses_a_fresh_reading_only_when_asked(tmp_path, counting_
 # -- batch and new_release with files: fewer round trips per deploy --------------------------
 
 def test_a_batch_runs_in_order_and_stops_at_the_first_failure(tmp_path):
-    from tasks.hostside import agent
+    from tasks.transport.host import agent_main
     ddir = tmp_path / "d"
     calls = [{"op": "new_release", "deploy_dir": str(ddir)},
              {"op": "put_file", "path": str(tmp_path / "missing" / "x"), "mode": 0o600, "data": ""},
              {"op": "new_release", "deploy_dir": str(ddir)}]
     with pytest.raises(HostError) as e:
-        agent.handle({"op": "batch", "calls": calls})
+        agent_main.handle({"op": "batch", "calls": calls})
     assert e.value.kind == "write_failed" and e.value.data["batch_index"] == 1
     assert len(os.listdir(ddir / "releases")) == 1  # the third never ran
-    first, second = agent.handle({"op": "batch", "calls": [calls[0], calls[0]]})
+    first, second = agent_main.handle({"op": "batch", "calls": [calls[0], calls[0]]})
     assert first["release"] != second["release"] and len(os.listdir(ddir / "releases")) == 3
     with pytest.raises(HostError, match="a batch cannot hold a batch"):
-        agent.handle({"op": "batch", "calls": [{"op": "batch", "calls": []}]})
+        agent_main.handle({"op": "batch", "calls": [{"op": "batch", "calls": []}]})
 
 
 def test_new_release_writes_its_files_or_leaves_no_release(tmp_path):
-    from tasks.hostside import releases
+    from tasks.release.host import release_dirs
     ddir = tmp_path / "d"
-    out = releases.op_new_release({"deploy_dir": str(ddir), "files": [
+    out = release_dirs.op_new_release({"deploy_dir": str(ddir), "files": [
         ["launch.py", 0o700, base64.b64encode(b"print(1)\n").decode()],
         ["secrets.json", 0o600, base64.b64encode(b'{"K": "v"}').decode()]]})
     rel = ddir / "releases" / out["release"]
@@ -98,15 +99,15 @@ def test_new_release_writes_its_files_or_leaves_no_release(tmp_path):
     assert stat.S_IMODE((rel / "launch.py").stat().st_mode) == 0o700
     assert stat.S_IMODE((rel / "secrets.json").stat().st_mode) == 0o600
     with pytest.raises(HostError, match="not a file name for a release"):
-        releases.op_new_release({"deploy_dir": str(ddir), "files": [["../escape", 0o600, ""]]})
+        release_dirs.op_new_release({"deploy_dir": str(ddir), "files": [["../escape", 0o600, ""]]})
     with pytest.raises(ValueError):  # the second file's data is not base64: nothing is kept
-        releases.op_new_release({"deploy_dir": str(ddir), "files": [
+        release_dirs.op_new_release({"deploy_dir": str(ddir), "files": [
             ["argv.json", 0o600, base64.b64encode(b"[]").decode()], ["profile.toml", 0o600, "not base64!"]]})
     assert os.listdir(ddir / "releases") == [out["release"]]
 
 
 def test_remove_tree_removes_a_release_and_never_follows_its_symlinks(tmp_path):
-    from tasks.hostside.common import remove_tree
+    from tasks.transport.host.common import remove_tree
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep").write_text("precious")

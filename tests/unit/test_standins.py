@@ -468,13 +468,13 @@ def test_start_up_lines_parse_like_the_real_vllm(host):
     """The stand-in's start-up log gives the phases the real vLLM 0.32.0's gives
     (tests/fixtures/startup/, recorded): eager, then compile mode cold and warm."""
     from pathlib import Path
-    from tasks.hostside import startup
+    from tasks.startup.host import phases
     fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "startup"
 
-    def phases(text):
-        p = startup.Parser("vllm", 0.0)
+    def parsed(text):
+        p = phases.Parser("vllm", 0.0)
         p.feed(text)
-        return [x["phase"] for x in startup.phases(p, 1e12) if x["phase"] != "unaccounted"], p.cache
+        return [x["phase"] for x in phases.phases(p, 1e12) if x["phase"] != "unaccounted"], p.cache
 
     def standin(*flags, **env):
         port = free_port()
@@ -491,9 +491,9 @@ def test_start_up_lines_parse_like_the_real_vllm(host):
     cache = str(host.cwd / "vllm-cache")
     real = {n: (fixtures / f"vllm-0.32.0-cpu-api_server-{n}.log").read_text()
             for n in ("enforce-eager", "compile-cold", "compile-warm")}
-    assert phases(standin("--enforce-eager")) == phases(real["enforce-eager"])
-    got, real_cold = phases(standin(VLLM_CACHE_ROOT=cache)), phases(real["compile-cold"])
+    assert parsed(standin("--enforce-eager")) == parsed(real["enforce-eager"])
+    got, real_cold = parsed(standin(VLLM_CACHE_ROOT=cache)), parsed(real["compile-cold"])
     assert got[1] == real_cold[1] == "cold"
     assert [p for p in got[0] if p != "compile"] == [p for p in real_cold[0] if p != "compile"]
     assert "compile" in got[0] and "compile" in real_cold[0]
-    assert phases(standin(VLLM_CACHE_ROOT=cache))[1] == phases(real["compile-warm"])[1] == "warm"
+    assert parsed(standin(VLLM_CACHE_ROOT=cache))[1] == parsed(real["compile-warm"])[1] == "warm"

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import tasks.hostside.startup
-from tasks.steps import startup
+import tasks.startup.host.phases
+from tasks.startup import estimate
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "startup"
 VLLM = "vllm-0.32.0-cpu-api_server-"
@@ -26,9 +26,9 @@ def recorded(name):
 
 
 def parse(engine, text, launched_at, ready_at):
-    p = tasks.hostside.startup.Parser(engine, launched_at)
+    p = tasks.startup.host.phases.Parser(engine, launched_at)
     p.feed(text)
-    return p, tasks.hostside.startup.phases(p, ready_at)
+    return p, tasks.startup.host.phases.phases(p, ready_at)
 
 
 def names(phases):
@@ -51,7 +51,7 @@ def test_eager_start_of_the_real_vllm():
     assert names(ph) == ["process", "engine_start", "worker_start", "weights", "kv_cache",
                          "api_server", "ready"]
     check_cover(ph, meta["ready_s"])
-    got = startup.by_phase(ph)
+    got = estimate.by_phase(ph)
     assert got["kv_cache"] == pytest.approx(1.48, abs=0.01)  # "init engine (...) took 1.48 s"
     assert got["weights"] == pytest.approx(0.0, abs=0.02)    # "Loading weights took 0.01 seconds"
     assert got["process"] == pytest.approx(15.4, abs=0.6)    # launch to the banner (23:06:15)
@@ -64,7 +64,7 @@ def test_cold_compile_start_of_the_real_vllm():
     assert names(ph) == ["process", "engine_start", "worker_start", "weights", "compile",
                          "kv_cache", "api_server", "ready"]
     check_cover(ph, meta["ready_s"])
-    got = startup.by_phase(ph)
+    got = estimate.by_phase(ph)
     # "Warming up model for the compilation..." 23:08:15 .. "Warming up done." 23:08:54
     assert got["compile"] == pytest.approx(39.0, abs=0.01)
     # "init engine (profile, create kv cache, warmup model) took 41.08 s" holds the compile
@@ -76,7 +76,7 @@ def test_warm_compile_start_of_the_real_vllm():
     text, meta = recorded("compile-warm")
     p, ph = parse("vllm", text, meta["launched_at"], meta["ready_at"])
     check_cover(ph, meta["ready_s"])
-    assert startup.by_phase(ph)["compile"] == pytest.approx(11.0, abs=0.01)
+    assert estimate.by_phase(ph)["compile"] == pytest.approx(11.0, abs=0.01)
     # the AOT reload fails in this build ("Compiling model again due to a load failure"),
     # the recompile runs on the warm inductor cache
     assert "Compiling model again due to a load failure" in text
@@ -85,7 +85,7 @@ def test_warm_compile_start_of_the_real_vllm():
 
 def test_the_live_phase_follows_the_lines():
     text, _ = recorded("compile-cold")
-    p = tasks.hostside.startup.Parser("vllm", 0.0)
+    p = tasks.startup.host.phases.Parser("vllm", 0.0)
     seen = []
     for line in text.splitlines(keepends=True):
         cur = p.feed(line)
@@ -124,9 +124,9 @@ def recorded_h200(name):
 
 def parse_h200(name):
     text, meta = recorded_h200(name)
-    p = tasks.hostside.startup.Parser("vllm", meta["launched_at"], "0.26.0")
+    p = tasks.startup.host.phases.Parser("vllm", meta["launched_at"], "0.26.0")
     p.feed(text)
-    return text, meta, p, tasks.hostside.startup.phases(p, meta["ready_at"])
+    return text, meta, p, tasks.startup.host.phases.phases(p, meta["ready_at"])
 
 
 @pytest.mark.parametrize("name", H200_STARTS)
@@ -137,7 +137,7 @@ def test_every_recorded_gpu_start_is_named_from_launch_to_ready(utc, name):
     assert abs(sum(x["seconds"] for x in ph) - meta["ready_s"]) < 2.0, ph
     # what no line names stays small: the engine's own lines account for the start
     assert sum(x["seconds"] for x in ph if x["phase"] == "unaccounted") < 4.0, ph
-    got = startup.by_phase(ph)
+    got = estimate.by_phase(ph)
     # "Model loading took 0.0 GiB and 1.60 s" (V2 runner) / "... GiB memory and ..." (V1
     # runner, speculative): the whole load, not only "Loading weights took 0.02 seconds"
     assert got["weights"] >= 0.9, ph
@@ -149,7 +149,7 @@ def test_the_cold_gpu_start_names_the_v2_kernel_warm_up(utc):
     assert "Using V2 Model Runner" in text
     assert names(ph) == ["process", "engine_start", "weights", "compile", "cuda_graphs",
                          "kernel_warmup", "kv_cache", "api_server", "ready"]
-    got = startup.by_phase(ph)
+    got = estimate.by_phase(ph)
     assert got["compile"] == pytest.approx(15.05, abs=0.01)  # "torch.compile took 15.05 s"
     # "Free memory on device" 13:17:19 .. "Kernel JIT monitor activated" 13:17:35
     assert got["kernel_warmup"] == pytest.approx(16.0, abs=0.01)
@@ -160,10 +160,10 @@ def test_the_cold_gpu_start_names_the_v2_kernel_warm_up(utc):
 
 def test_the_warm_gpu_start_reloads_its_compiled_graphs(utc):
     text, meta, p, ph = parse_h200("compile-warm")
-    got = startup.by_phase(ph)
+    got = estimate.by_phase(ph)
     assert got["compile"] < 2.0 and got["kernel_warmup"] < 1.0, ph
     assert p.cache == "warm"
-    cold = startup.by_phase(parse_h200("compile-cold")[3])
+    cold = estimate.by_phase(parse_h200("compile-cold")[3])
     assert meta["ready_s"] < 0.6 * sum(cold.values())
 
 
@@ -187,7 +187,7 @@ def test_sglang_phases_from_its_own_lines():
     p, ph = parse("sglang", SGLANG, t0, t0 + 51.0)
     assert names(ph) == ["process", "weights", "kv_cache", "cuda_graphs", "api_server", "warmup",
                          "ready"]
-    got = startup.by_phase(ph)
+    got = estimate.by_phase(ph)
     assert got["weights"] == pytest.approx(23.18, abs=0.01)
     assert got["cuda_graphs"] == pytest.approx(8.04, abs=0.01)
     assert got["process"] == pytest.approx(5.5, abs=0.01)  # whole seconds: +0.5 s is the best guess
@@ -195,7 +195,7 @@ def test_sglang_phases_from_its_own_lines():
 
 
 def test_a_command_server_has_no_phase_lines():
-    assert tasks.hostside.startup.rules("command") == []
+    assert tasks.startup.host.phases.rules("command") == []
     p, ph = parse("command", "INFO 12-01 10:00:00 [x.py:1] Loading weights took 3.00 seconds\n",
                   0.0, 5.0)
     assert names(ph) == ["ready"]
@@ -203,9 +203,9 @@ def test_a_command_server_has_no_phase_lines():
 
 def test_every_row_of_the_table_is_complete_and_compiles():
     import re
-    for row in tasks.hostside.startup.PHASE_LINES:
+    for row in tasks.startup.host.phases.PHASE_LINES:
         assert row["engine"] in ("vllm", "sglang") and row["source"], row
-        assert row.get("phase") in tasks.hostside.startup.ORDER or row.get("cache") in ("warm", "cold"), row
+        assert row.get("phase") in tasks.startup.host.phases.ORDER or row.get("cache") in ("warm", "cold"), row
         re.compile(row["pattern"])
 
 
@@ -220,7 +220,7 @@ def _rec(meta, text, release):
 def test_time_left_from_the_previous_start():
     text, meta = recorded("compile-warm")
     prev = _rec(meta, text, "r1")
-    prog = startup.Progress("vllm", prev)
+    prog = estimate.Progress("vllm", prev)
     assert prog.left(0.0) == pytest.approx(prev["ready_s"], abs=0.01)
     # once "Warming up done." came, what the previous start took from there on
     for line in text.splitlines(keepends=True):
@@ -232,20 +232,20 @@ def test_time_left_from_the_previous_start():
     # expected at the same speed ratio
     rate = 40.0 / compile_end
     assert prog.left(41.0) == pytest.approx((prev["ready_s"] - compile_end) * rate - 1.0, abs=0.01)
-    assert startup.Progress("vllm", None).left(3.0) is None
+    assert estimate.Progress("vllm", None).left(3.0) is None
 
 
 def test_slower_phase_is_a_warn_naming_the_phase_and_both_times():
     cold_text, cold = recorded("compile-cold")
     warm_text, warm = recorded("compile-warm")
     now, before = _rec(cold, cold_text, "r2"), _rec(warm, warm_text, "r1")
-    found = startup.slower_findings(now, before, cache_dir="cache/vllm-0.32.0")
+    found = estimate.slower_findings(now, before, cache_dir="cache/vllm-0.32.0")
     compile_ = [f for f in found if f["phase"] == "compile"]
     assert compile_ and compile_[0]["rule"] == "startup-phase-slower" and compile_[0]["severity"] == "WARN"
     assert "compile took 39.0 s, 11.0 s at the last good start" in compile_[0]["message"]
     assert "release r1" in compile_[0]["message"] and "cache/vllm-0.32.0" in compile_[0]["fix"]
     # the warm start after the cold one: faster, no WARN
-    assert startup.slower_findings(before, now) == []
+    assert estimate.slower_findings(before, now) == []
 
 
 @pytest.mark.parametrize("now,prev,warn", [(13.0, 7.0, True), (9.0, 7.0, False),   # +6 s, +86%; +2 s
@@ -253,7 +253,7 @@ def test_slower_phase_is_a_warn_naming_the_phase_and_both_times():
 def test_the_warn_needs_both_25_percent_and_5_seconds(now, prev, warn):
     a = {"phases": [{"phase": "weights", "at": now, "seconds": now}]}
     b = {"release": "r0", "phases": [{"phase": "weights", "at": prev, "seconds": prev}]}
-    assert bool(startup.slower_findings(a, b)) is warn
+    assert bool(estimate.slower_findings(a, b)) is warn
 
 
 # -- the engine's cache directory ------------------------------------------------------------
@@ -268,7 +268,7 @@ def _profile(tmp_path, env=""):
 
 def _launch_env(tmp_path, profile, release, version):
     """The environment launch.py gives the engine, from a release directory of a deployment."""
-    from tasks.steps.launcher import render_launcher
+    from tasks.release.launcher import render_launcher
     rdir = tmp_path / "deploy" / "releases" / release
     rdir.mkdir(parents=True)
     (rdir / "launch.py").write_text(render_launcher(profile, engine_version=version))
@@ -287,9 +287,9 @@ def test_the_engine_environment_is_the_same_for_two_releases_of_one_profile(tmp_
     assert differ == {"LLMFAB_RELEASE"}
     # vLLM keys its compile cache on its own VLLM_* variables (vllm/envs.py compile_factors,
     # VLLM_CACHE_ROOT excepted): the one that differs per release is none of them
-    assert not any(startup.in_vllm_compile_key(k) for k in differ)
-    assert startup.in_vllm_compile_key("VLLM_PP_LAYER_PARTITION") and startup.in_vllm_compile_key("CUDA_HOME")
-    assert not startup.in_vllm_compile_key("VLLM_CACHE_ROOT")
+    assert not any(estimate.in_vllm_compile_key(k) for k in differ)
+    assert estimate.in_vllm_compile_key("VLLM_PP_LAYER_PARTITION") and estimate.in_vllm_compile_key("CUDA_HOME")
+    assert not estimate.in_vllm_compile_key("VLLM_CACHE_ROOT")
     # another engine version: another directory
     c = _launch_env(tmp_path, p, "20261201T000200Z", "0.33.0")
     assert c["VLLM_CACHE_ROOT"].endswith("cache/vllm-0.33.0")
@@ -298,7 +298,7 @@ def test_the_engine_environment_is_the_same_for_two_releases_of_one_profile(tmp_
 def test_the_profiles_own_cache_root_wins(tmp_path, monkeypatch):
     monkeypatch.delenv("VLLM_CACHE_ROOT", raising=False)
     p = _profile(tmp_path, 'VLLM_CACHE_ROOT = "/srv/vllm-cache"\n')
-    assert startup.cache_env(p, "0.32.0") == {}
+    assert estimate.cache_env(p, "0.32.0") == {}
     env = _launch_env(tmp_path, p, "20261201T000000Z", "0.32.0")
     assert env["VLLM_CACHE_ROOT"] == "/srv/vllm-cache"
 
@@ -307,7 +307,7 @@ def test_no_cache_directory_for_a_command_server(tmp_path):
     from tasks.profile import load_profile
     path = tmp_path / "c.toml"
     path.write_text('[target]\nname = "c"\n[server]\nengine = "command"\ncommand = ["python3", "-m", "http.server"]\n')
-    assert startup.cache_env(load_profile(path, environ={}), "1.0") == {}
+    assert estimate.cache_env(load_profile(path, environ={}), "1.0") == {}
 
 
 def test_previous_start_is_the_same_profile_and_engine_version(tmp_path):
@@ -318,22 +318,22 @@ def test_previous_start_is_the_same_profile_and_engine_version(tmp_path):
                                       ("20261201T000300Z", "a", "0.33.0", "warm")):
         rdir = ddir / "releases" / name
         rdir.mkdir(parents=True)
-        (rdir / tasks.hostside.startup.STARTUP_FILE).write_text(json.dumps({
+        (rdir / tasks.startup.host.phases.STARTUP_FILE).write_text(json.dumps({
             "release": name, "profile_sha256": sha, "engine_version": version,
             "compile_cache": cache, "phases": [{"phase": "ready", "at": 1.0, "seconds": 1.0}]}))
-    got = tasks.hostside.startup.previous(str(ddir), "new", "a", "0.32.0")
+    got = tasks.startup.host.phases.previous(str(ddir), "new", "a", "0.32.0")
     assert got["release"] == "20261201T000100Z"
-    assert tasks.hostside.startup.previous(str(ddir), "new", "a", "0.32.0", prefer="cold")["release"] == "20261201T000000Z"
-    assert tasks.hostside.startup.previous(str(ddir), "new", "c", "0.32.0") is None
+    assert tasks.startup.host.phases.previous(str(ddir), "new", "a", "0.32.0", prefer="cold")["release"] == "20261201T000000Z"
+    assert tasks.startup.host.phases.previous(str(ddir), "new", "c", "0.32.0") is None
 
 
 def test_rows_apply_to_their_engine_versions():
-    old = [r["pattern"] for r in tasks.hostside.startup.rules("vllm", "0.10.1")]
-    new = [r["pattern"] for r in tasks.hostside.startup.rules("vllm", "0.32.0")]
-    takes = next(r["pattern"] for r in tasks.hostside.startup.PHASE_LINES if "takes" in r["pattern"])
+    old = [r["pattern"] for r in tasks.startup.host.phases.rules("vllm", "0.10.1")]
+    new = [r["pattern"] for r in tasks.startup.host.phases.rules("vllm", "0.32.0")]
+    takes = next(r["pattern"] for r in tasks.startup.host.phases.PHASE_LINES if "takes" in r["pattern"])
     assert takes in old and takes not in new  # "torch.compile takes": the wording before 0.12
-    assert len(tasks.hostside.startup.rules("vllm", None)) == len([r for r in tasks.hostside.startup.PHASE_LINES if r["engine"] == "vllm"])
-    p = tasks.hostside.startup.Parser("vllm", 0.0, "0.32.0")
+    assert len(tasks.startup.host.phases.rules("vllm", None)) == len([r for r in tasks.startup.host.phases.PHASE_LINES if r["engine"] == "vllm"])
+    p = tasks.startup.host.phases.Parser("vllm", 0.0, "0.32.0")
     p.feed("INFO 12-01 10:00:00 [monitor.py:34] torch.compile takes 3.00 s in total\n")
     assert p.events == []
 
@@ -345,4 +345,4 @@ def test_compile_cache_from_the_log_and_the_directory_before_launch(log, before,
     # ("cold", "warm"): vLLM 0.32.0 with its AOT artifact removed logs only "saved AOT compiled
     # function" (a compile from nothing), yet compiles in warm time on the inductor cache
     # left in the directory (benchmarks/RESULTS.md, the ablation)
-    assert tasks.hostside.startup.compile_cache(log, before) == want
+    assert tasks.startup.host.phases.compile_cache(log, before) == want

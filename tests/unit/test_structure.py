@@ -126,7 +126,7 @@ def test_dry_run_json_is_one_object_per_host_with_argv_launcher_and_files(tmp_pa
     one = objs[0]
     profile = load_profile(prof, environ={"TOK": "hush"})
     from tasks.steps.argv import server_argv
-    from tasks.steps.launcher import render_launcher
+    from tasks.release.launcher import render_launcher
     assert one["argv"] == server_argv(profile) and one["launcher"] == render_launcher(profile)
     assert one["dry_run"] is True and one["secrets"] == ["HF_TOKEN"]
     names = [f["name"] for f in one["files"]]

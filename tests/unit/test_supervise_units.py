@@ -2,7 +2,6 @@
 supervised release carries (the host agent's own modules, complete), the supervisor's
 fatal-line and hang logic against a real HTTP server (configs/demo_server.py's), and the
 status lines."""
-import ast
 import subprocess
 import sys
 import threading
@@ -12,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from tasks.failures import logscan
-from tasks.steps import supervision
+from tasks.supervise import status_view
 from tasks.deploy import release_files
 from tasks.errors import ProfileError
-from tasks.hostside import hangwatch
-from tasks.steps.launcher import SUPERVISOR_FILES, SUPERVISOR_MODULES, render_launcher, supervisor_rules
+from tasks.supervise.host import hangwatch
+from tasks.release.launcher import SUPERVISOR_FILES, render_launcher, supervisor_rules
+from tasks.transport.agent_code import host_files
 from tasks.profile import load_profile
 from tasks.status import Status, render
 
@@ -66,26 +66,18 @@ def test_supervised_launcher_runs_the_supervisor_and_ships_its_files(tmp_path):
     compile(text, "launch.py", "exec")
     assert "import supervise\n" in text and "'hang_timeout': 7.0," in text and "'restart': 'always'," in text
     names = [n for n, _, _ in release_files(p)]
-    assert {"supervise.py", "supervise_rules.json", "llmfab_host/supervisor.py"} <= set(names)
+    assert {"supervise.py", "supervise_rules.json", "llmfab_host/supervise/host/supervisor.py"} <= set(names)
     plain = load_profile(DEMO)
     assert "supervise" not in render_launcher(plain)
     assert not {n.split("/")[0] for n, _, _ in release_files(plain)} & set(SUPERVISOR_FILES)
 
 
-def test_the_supervisor_ships_every_module_it_imports_and_runs_from_them_alone(tmp_path):
-    """The release's llmfab_host/ is the agent's own modules: every relative import in them
-    (top level or inside a function) names one that travels, and supervise.py imports from
-    the release alone, with the standard library only (python -S, no checkout on sys.path)."""
-    shipped = set(SUPERVISOR_MODULES)
-    for name in shipped:
-        tree = ast.parse((REPO / "tasks" / "hostside" / f"{name}.py").read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                wanted = [node.module] if node.module else [a.name for a in node.names]
-                assert set(w.split(".")[0] for w in wanted) <= shipped, (name, wanted)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                top = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
-                assert all(t.split(".")[0] in sys.stdlib_module_names for t in top), (name, top)
+def test_the_supervisor_runs_from_the_release_alone(tmp_path):
+    """The release's llmfab_host/ is the agent's own package (what it may import is checked in
+    tests/unit/test_lint.py): supervise.py imports from the release alone, with the standard
+    library only (python -S, no checkout on sys.path)."""
+    shipped = {n for n, _, _ in release_files(profile(tmp_path, '[supervise]\nrestart = "always"\n'))}
+    assert {f"llmfab_host/{n}" for n, _ in host_files()} <= shipped
     p = profile(tmp_path, '[supervise]\nrestart = "always"\n')
     release = tmp_path / "release"
     for name, data, _mode in release_files(p):
@@ -95,7 +87,7 @@ def test_the_supervisor_ships_every_module_it_imports_and_runs_from_them_alone(t
                         "print(supervise.run.__module__, sorted(m for m in sys.modules if m.startswith('llmfab_host.')))",
                         str(release)], capture_output=True, text=True, cwd=str(tmp_path), timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("llmfab_host.supervisor ")
+    assert r.stdout.startswith("llmfab_host.supervise.host.supervisor ")
 
 
 # -- the copies the supervisor carries equal their originals -------------------------------
@@ -222,15 +214,15 @@ def test_never_ready_is_not_a_hang(tmp_path):
 def test_status_lines_for_backoff_and_gave_up():
     last = {"exit": 1, "signal": None, "rule": None, "line": "torch.OutOfMemoryError: CUDA out of memory",
             "ended_at": "2026-12-01T03:00:00+00:00"}
-    backoff = supervision.record({"restart": "on-failure", "restarts": 1, "state": "backoff",
+    backoff = status_view.record({"restart": "on-failure", "restarts": 1, "state": "backoff",
                                   "last": last, "next_attempt_in_s": 12.0})
-    assert supervision.lines(backoff)[0] == "supervisor: restart on-failure, 1 restart, backoff, next attempt in 12 s"
+    assert status_view.lines(backoff)[0] == "supervisor: restart on-failure, 1 restart, backoff, next attempt in 12 s"
     gave = dict(backoff, state="gave-up", next_attempt_in_s=None, restarts=5)
-    why = supervision.gave_up_why(gave, "crash loop: 5 restarts within 600 s (max_restarts = 5)")
+    why = status_view.gave_up_why(gave, "crash loop: 5 restarts within 600 s (max_restarts = 5)")
     assert why.startswith("the supervisor gave up: crash loop") and "fatal line: torch.OutOfMemoryError" in why
     record = {"host": "h", "running": False, "deployed": True, "release": "R", "exit": None, "gpus": None,
               "supervisor": gave}
-    text = render(Status(record, why=why, supervisor_lines=supervision.lines(gave, "crash loop")))
+    text = render(Status(record, why=why, supervisor_lines=status_view.lines(gave, "crash loop")))
     assert any("gave up: crash loop" in line for line in text)
-    assert supervision.record(None) == {"restart": "no", "restarts": 0, "state": "off", "last": None,
+    assert status_view.record(None) == {"restart": "no", "restarts": 0, "state": "off", "last": None,
                                         "next_attempt_in_s": None}

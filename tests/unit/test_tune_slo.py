@@ -141,7 +141,7 @@ def test_server_settings_are_checked_against_the_engines_help():
 
 
 def test_the_engine_help_parser_reads_flags_and_choices():
-    from tasks.hostside.enginehelp import parse_flags
+    from tasks.tune.host.enginehelp import parse_flags
     text = ("usage: api_server.py [-h] [--max-num-seqs MAX_NUM_SEQS]\n  [--dtype {auto,half}]\n"
             "  --gpu-memory-utilization GPU_MEMORY_UTILIZATION\n      see --help=all.\n")
     got = parse_flags(text)

@@ -9,7 +9,7 @@ import pytest
 
 from tasks.measure import workload
 from tasks.errors import UsageError
-from tasks.tune.options import TuneOptions
+from tasks.tune.sweep_options import TuneOptions
 from tasks.profile import load_profile
 from tasks.tune import results, variants
 from tasks.tune.hosts import check_alike

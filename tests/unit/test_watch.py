@@ -1,4 +1,4 @@
-"""The host agent's event-driven wait tick (tasks/hostside/watch.py), on real processes,
+"""The host agent's event-driven wait tick (tasks/steps/host/watch.py), on real processes,
 files and sockets: it answers when the state the client last saw changes, not after the
 poll interval. (How fast it answers is measured in benchmarks/, not here.)"""
 import http.server
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from tasks.hostside import watch
+from tasks.steps.host import watch
 
 SEEN_LOADING = {"alive": True, "health": None, "models": None}
 

@@ -6,7 +6,7 @@
 page docs/reference/failure-rules.md is rendered from this module (tasks/docsgen.py).
 """
 from . import engine, runtime
-from .types import ABOVE, BELOW, ROOT, Pattern, Rule
+from .records import ABOVE, BELOW, ROOT, Pattern, Rule
 
 EXITED = Rule(
     "exited", "exited without a known line", 0,
@@ -15,7 +15,7 @@ EXITED = Rule(
 )
 
 # A server that could not even be started has no log to match: the host says why
-# (tasks/hostside/launch.py EXEC_FAILURES, in its own words for each errno) and records it in
+# (tasks/release/host/launch.py EXEC_FAILURES, in its own words for each errno) and records it in
 # the release (start-failed.json). These rows name the two kinds for the reference table.
 CANNOT_EXEC = Rule(
     "cannot-exec", "the server's command could not be executed", 0,

@@ -1,0 +1,1 @@
+"""One Ray node on the host (shipped: standard library only, Python 3.9+)."""

@@ -1,0 +1,224 @@
+"""One node of a deployment's Ray cluster (host side): start, stop, address, cluster view.
+
+    <workdir>/<name>/ray/ray.json   pid, pgid, role, node_ip, address, num_gpus, started_at, argv
+    <workdir>/<name>/ray/ray.log    `ray start --block` output, appended per start
+
+Ray is started like the server: an argv (the profile's Python running
+`ray.scripts.scripts start ... --block`), no shell, in a new session (its own process
+group, no SIGHUP when the SSH session ends), stdin from /dev/null, output to ray.log.
+`--block` keeps that process as the node's supervisor: Ray's daemons are its children
+and die with it. Every process carries LLMFAB_RAY=<ray dir> so a stop also finds those
+that left the group (Ray's idle workers take their own). Stdlib only; Python >= 3.9.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from ...gpu.host import nvsmi
+from ...transport.host.common import (HostError, cmdline, expand, group_members, kill_each, pid_alive, pids_marked, read_json, site_packages, utc_iso, write_json)
+
+MARKER = "LLMFAB_RAY"
+STARTED = b"Ray runtime started"
+KILL_WAIT_S = 5.0
+# Ray >= 2.5x drains a node for 30 s on SIGTERM (for Ray Serve); the server is already gone.
+DEFAULT_ENV = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+
+# Run by the profile's Python on the head: the cluster as Ray's GCS sees it.
+PROBE = r'''
+import json, sys, time
+address, nodes, gpus, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+import ray
+ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+deadline = time.monotonic() + wait
+while True:
+    seen = [{"ip": n["NodeManagerAddress"], "alive": bool(n["Alive"]),
+             "gpus": float(n.get("Resources", {}).get("GPU", 0)),
+             "head": "node:__internal_head__" in n.get("Resources", {})} for n in ray.nodes()]
+    alive = [n for n in seen if n["alive"]]
+    if (len(alive) >= nodes and sum(n["gpus"] for n in alive) >= gpus) or time.monotonic() >= deadline:
+        break
+    time.sleep(0.5)
+print(json.dumps({"nodes": seen, "ray": ray.__version__}))
+ray.shutdown()
+'''
+
+
+def _dir(req):
+    return os.path.join(expand(req["deploy_dir"]), "ray")
+
+
+def marked(rdir):
+    """Live pids (seeing this filesystem) whose environment has LLMFAB_RAY=rdir."""
+    want = ("%s=%s" % (MARKER, rdir)).encode()
+    return pids_marked(lambda item: item == want)
+
+
+def ours(rdir, record):
+    """Live pids of this node's Ray: marked ones, plus its group while a member is marked."""
+    pids = set(marked(rdir))
+    pgid = (record or {}).get("pgid")
+    if pgid:
+        group = set(group_members(pgid))
+        if group & pids:
+            pids |= group
+    return pids
+
+
+def route_ip(toward):
+    """The local address this host uses to reach `toward` (no packet is sent)."""
+    s = socket.socket(socket.AF_INET6 if ":" in toward else socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        s.connect((toward, 9))
+        return s.getsockname()[0]
+    finally:
+        s.close()
+
+
+def op_ray_address(req):
+    """The head's node address: `head_address` resolved here, else the address the SSH
+    client reached this host at (SSH_CONNECTION), else the one on the default route."""
+    given = req.get("head_address")
+    if given:
+        try:
+            return {"ip": socket.getaddrinfo(given, None, proto=socket.IPPROTO_TCP)[0][4][0]}
+        except OSError as e:
+            raise HostError("cluster.head_address %r does not resolve on the head: %s" % (given, e))
+    parts = os.environ.get("SSH_CONNECTION", "").split()
+    if len(parts) == 4 and not parts[2].startswith("127.") and parts[2] != "::1":
+        return {"ip": parts[2]}
+    try:
+        return {"ip": route_ip("192.0.2.1")}  # TEST-NET-1: any routable address will do
+    except OSError:
+        return {"ip": socket.gethostbyname(socket.gethostname())}
+
+
+def _count_gpus(req):
+    """Ray's --num-gpus: the caller's count, else nvidia-smi's, else None (Ray detects)."""
+    if req.get("num_gpus") is not None:
+        return int(req["num_gpus"])
+    gpus = nvsmi.read_gpus(req.get("nvidia_smi") or "nvidia-smi")
+    return None if gpus is None else len(gpus)
+
+
+def op_ray_start(req):
+    """Start this node (role head|worker) detached and wait for `Ray runtime started`."""
+    site_packages()
+    import importlib.util
+    if importlib.util.find_spec("ray") is None:
+        raise HostError("Ray is not installed for %s on this host: install it there (pip install "
+                        "ray, the same version on every node)" % sys.executable, kind="no_ray")
+    from importlib import metadata
+    rdir = _dir(req)
+    os.makedirs(rdir, mode=0o700, exist_ok=True)
+    if ours(rdir, read_json(os.path.join(rdir, "ray.json"))):
+        raise HostError("Ray of this deployment is already running here: stop it first")
+    role, port = req["role"], int(req["port"])
+    node_ip = req.get("node_ip") or route_ip(req["address"].rsplit(":", 1)[0].strip("[]"))
+    env = dict(os.environ)
+    env.update(DEFAULT_ENV)
+    env.update(req.get("env") or {})
+    env.update({"VLLM_HOST_IP": node_ip, MARKER: rdir})
+    num_gpus = _count_gpus(req)
+    argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
+            "--node-ip-address", node_ip, "--disable-usage-stats"]
+    argv += ["--head", "--port", str(port), "--include-dashboard", "false"] if role == "head" \
+        else ["--address", req["address"]]
+    argv += ["--num-gpus", str(num_gpus)] if num_gpus is not None else []
+    log_path = os.path.join(rdir, "ray.log")
+    now = utc_iso()
+    with open(log_path, "ab") as log:
+        log.write(("=== llmfab %s: %s\n" % (now, json.dumps(argv))).encode())
+        offset = log.tell()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=env, cwd=rdir, start_new_session=True)
+    record = {"pid": proc.pid, "pgid": proc.pid, "role": role, "node_ip": node_ip,
+              "address": req.get("address") or "%s:%d" % (node_ip, port), "num_gpus": num_gpus,
+              "started_at": now, "argv": argv, "log": log_path}
+    write_json(os.path.join(rdir, "ray.json"), record)
+    t0, deadline = time.monotonic(), time.monotonic() + float(req.get("wait", 120))
+    while True:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read()
+        if STARTED in text:
+            break
+        if proc.poll() is not None or time.monotonic() >= deadline:
+            if proc.poll() is None:
+                _stop(rdir, record, 2.0)
+                why = "did not start within %.0f s" % (time.monotonic() - t0)
+            else:
+                why = "exited with status %s" % proc.returncode
+            tail = text.decode("utf-8", "replace").strip().splitlines()[-25:]
+            raise HostError("ray start (%s) %s; its log: %s" % (role, why, log_path),
+                            kind="ray_failed", log=tail)
+        time.sleep(0.2)
+    record.update(seconds=round(time.monotonic() - t0, 3), python=sys.version.split()[0],
+                  ray=metadata.version("ray"))
+    return record
+
+
+def _stop(rdir, record, grace):
+    """TERM the supervisor (it shuts its daemons down), wait, then TERM/KILL what is left."""
+    targets = ours(rdir, record)
+    if not targets:
+        return {"stopped": False, "pids": []}
+    names = {p: cmdline(p) for p in targets}
+    t0 = time.monotonic()
+    leader = (record or {}).get("pid")
+    first = [leader] if leader in targets else sorted(targets)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGTERM, 2.0), (signal.SIGKILL, KILL_WAIT_S)):
+        kill_each(first, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(pid_alive(p) for p in targets):
+            time.sleep(0.05)
+        targets = {p for p in targets | ours(rdir, record) if pid_alive(p)}
+        if not targets:
+            break
+        first = sorted(targets)
+    return {"stopped": True, "pids": sorted(names), "names": {str(k): v for k, v in names.items()},
+            "survivors": sorted(targets), "seconds": round(time.monotonic() - t0, 3)}
+
+
+def op_ray_stop(req):
+    rdir = _dir(req)
+    record = read_json(os.path.join(rdir, "ray.json"))
+    out = _stop(rdir, record, float(req.get("grace", 30)))
+    if record and record.get("role") == "head":
+        # Ray's pointer for `ray.init(address="auto")`; stale once the head is gone.
+        path = os.path.join("/tmp/ray", "ray_current_cluster")
+        try:
+            with open(path) as f:
+                if f.read().strip() == record.get("address"):
+                    os.unlink(path)
+        except OSError:
+            pass
+    out["record"] = record
+    return out
+
+
+def op_ray_cluster(req):
+    """The cluster as the head's GCS sees it: {running, nodes:[{ip, alive, gpus, head}]}."""
+    rdir = _dir(req)
+    record = read_json(os.path.join(rdir, "ray.json"))
+    if not record or not pid_alive(record["pid"]):
+        return {"running": False, "nodes": [], "record": record}
+    address = req.get("address") or record["address"]
+    argv = [sys.executable, "-c", PROBE, address, str(req.get("nodes", 0)),
+            str(req.get("gpus", 0)), str(req.get("wait", 0))]
+    try:
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=float(req.get("wait", 0)) + 90)
+    except subprocess.TimeoutExpired:
+        raise HostError("the Ray cluster at %s did not answer" % address, kind="ray_failed")
+    try:
+        out = json.loads(proc.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise HostError("cannot read the Ray cluster at %s: %s" % (
+            address, proc.stderr.decode("utf-8", "replace").strip()[-1500:]), kind="ray_failed")
+    out.update(running=True, record=record)
+    return out
+

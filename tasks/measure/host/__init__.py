@@ -1,0 +1,1 @@
+"""Load and /metrics from the host itself (shipped: standard library only, Python 3.9+)."""

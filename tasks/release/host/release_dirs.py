@@ -1,0 +1,134 @@
+"""Release directories (host side): allocate, discard, list, prune, and `current`.
+
+    <workdir>/<name>/releases/<UTC stamp>/   launch.py argv.json profile.toml server.log
+    <workdir>/<name>/current -> releases/<stamp>
+
+A release whose server failed to start holds start-failed.json (op mark_failed).
+"""
+import os
+import time
+
+from ...transport.host.common import HostError, expand, remove_tree, utc_iso, write_json
+
+STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
+
+
+def op_new_release(req):
+    """Create releases/<UTC stamp>[-N] (0700) and return its absolute path.
+
+    `files` ([[name, mode, base64 data]]): written into it in the same request (deploy's
+    launch.py, argv.json, profile.toml...; a name may hold one folder, as the supervisor's
+    llmfab_host/*.py do); if one cannot be, the new release is removed again and nothing is
+    left half-written."""
+    files = req.get("files") or []
+    for name, _mode, _data in files:
+        parts = name.split("/") if isinstance(name, str) else ()
+        if not 1 <= len(parts) <= 2 or any(p in ("", ".", "..") for p in parts):
+            raise HostError("not a file name for a release: %r" % (name,), kind="internal")
+    out = _new_release_dir(req)
+    if files:
+        from binascii import a2b_base64  # what base64.b64decode calls, without its module
+        from ...transport.host.files import write_file
+        try:
+            for name, mode, data in files:
+                if "/" in name:
+                    os.makedirs(os.path.join(out["path"], name.split("/")[0]), 0o700, exist_ok=True)
+                write_file(os.path.join(out["path"], name), a2b_base64(data), mode)
+        except BaseException:
+            remove_tree(out["path"])
+            raise
+    return out
+
+
+def _new_release_dir(req):
+    ddir = expand(req["deploy_dir"])
+    rdir = os.path.join(ddir, "releases")
+    os.makedirs(rdir, mode=0o700, exist_ok=True)
+    stamp = time.strftime(STAMP_FORMAT, time.gmtime())
+    for n in range(1, 1000):
+        name = stamp if n == 1 else "%s-%d" % (stamp, n)
+        path = os.path.join(rdir, name)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        os.chmod(path, 0o700)
+        return {"release": name, "path": path, "deploy_dir": ddir}
+    raise HostError("could not allocate a release directory under %s" % rdir)
+
+
+def op_discard_release(req):
+    """Remove a release that never launched (e.g. the push failed). Never the current one."""
+    ddir = expand(req["deploy_dir"])
+    path = os.path.join(ddir, "releases", req["release"])
+    if current_release(ddir) != req["release"] and os.path.isdir(path) \
+            and not os.path.exists(os.path.join(path, "server.log")):
+        remove_tree(path)
+    return {}
+
+
+def current_release(ddir):
+    try:
+        return os.path.basename(os.readlink(os.path.join(ddir, "current")))
+    except OSError:
+        return None
+
+
+def point_current(ddir, release):
+    tmp = os.path.join(ddir, ".current.tmp")
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(os.path.join("releases", release), tmp)
+    os.replace(tmp, os.path.join(ddir, "current"))
+
+
+def releases_sorted(ddir):
+    try:
+        names = [n for n in os.listdir(os.path.join(ddir, "releases")) if not n.startswith(".")]
+    except FileNotFoundError:
+        return []
+
+    def key(n):
+        base, _, suffix = n.partition("-")
+        return (base, int(suffix) if suffix.isdigit() else 0)
+    return sorted(names, key=key)
+
+
+def prune(ddir, keep):
+    """Remove the oldest releases beyond `keep`; never the current one or the one before it."""
+    names = releases_sorted(ddir)
+    current = current_release(ddir)
+    protected = {current}
+    if current in names:
+        idx = names.index(current)
+        if idx > 0:
+            protected.add(names[idx - 1])
+    removed = []
+    excess = len(names) - keep
+    for n in names:
+        if excess <= 0:
+            break
+        if n in protected:
+            continue
+        remove_tree(os.path.join(ddir, "releases", n))
+        removed.append(n)
+        excess -= 1
+    return removed
+
+
+FAILED_FILE = "start-failed.json"
+
+
+def op_mark_failed(req):
+    """Record in the release that it failed to start (`rule`, `cause`, when), so `fab rollback`
+    never picks it as the release to go back to. Its files and log stay as they are."""
+    path = os.path.join(expand(req["deploy_dir"]), "releases", req["release"])
+    if not os.path.isdir(path):
+        raise HostError("no release %s in %s" % (req["release"], req["deploy_dir"]), kind="no_release")
+    record = {"failed_at": utc_iso(), "rule": req.get("rule"), "cause": req.get("cause"),
+              "fix": req.get("fix"), "line": req.get("line")}
+    write_json(os.path.join(path, FAILED_FILE), record)
+    return {}
+

@@ -1,0 +1,255 @@
+"""Render `launch.py`: the self-contained, readable launcher pushed into each release.
+
+The launcher is the only thing that starts a server. It holds the argv as a Python
+list literal and the plain environment as a dict literal; secrets are read from
+`secrets.json` (0600) beside it, so they are never on argv, in this file or in `ps`.
+It runs with the profile's interpreter (stdlib only, Python >= 3.9), forks a small
+reaper that becomes a session leader (so the server gets its own process group and
+never receives the SSH session's SIGHUP), starts the server with stdin from
+/dev/null and stdout+stderr appended to `server.log`, writes `server.json`, and
+returns at once. The reaper stays to record how the server ended in `exit.json`.
+With [supervise] on, the reaper runs the supervisor instead (tasks/supervise/host/supervisor.py,
+shipped beside launch.py with the host modules it uses, see supervisor_files), which
+restarts the server per the profile; the rest of launch.py is the same.
+"""
+import json
+
+from ..steps.argv import DEFAULT_ENTRY, server_argv
+from ..transport.agent_code import HOST_PACKAGE, host_files
+from ..profile.types import Profile
+
+TEMPLATE = '''\
+#!/usr/bin/env python3
+"""llmfab launcher: deployment {name}, profile {profile_name} (sha256 {digest}).
+
+Rerun by hand from anywhere:  <python> {{this file}}
+It starts the server detached (own session and process group), appends its output
+to server.log beside this file, records ../../server.json, and returns at once.
+Standard library only; Python >= 3.9.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+# The server's argv, exactly as the server receives it. No shell is involved.
+ARGV = {argv}
+
+# Added to the host's environment. Secrets live in secrets.json (mode 0600) beside
+# this file and are merged in at launch; their values never appear here.
+ENV = {env}
+SECRET_NAMES = {secret_names}
+
+# The engine's cache directory (compiled graphs), relative to the deployment directory:
+# one per engine version, shared by every release and restart of this deployment, so a
+# redeploy starts warm. Empty when the profile sets it itself or the engine has none.
+CACHE_ENV = {cache_env}
+
+PORT = {port}
+
+
+def _now():
+    return time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+
+
+def _write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+        f.write("\\n")
+    os.replace(tmp, path)
+
+
+def _environment(here):
+    env = dict(os.environ)
+    env.update(ENV)
+    # Inherited by every child, even one that leaves the process group: `fab stop`
+    # finds this deployment's stragglers by it.
+    env["LLMFAB_RELEASE"] = here
+    deployment = os.path.dirname(os.path.dirname(here))
+    for name, rel in CACHE_ENV.items():
+        env[name] = os.path.join(deployment, rel)
+        os.makedirs(env[name], exist_ok=True)
+    if SECRET_NAMES:
+        with open(os.path.join(here, "secrets.json")) as f:
+            secrets = json.load(f)
+        env.update({{k: secrets[k] for k in SECRET_NAMES}})
+    return env
+
+
+def _reaper(here, env, report_fd):
+    """Child: lead a new session, start the server in it, record how it ended."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    # A handler (not SIG_IGN, which exec would inherit): the reaper outlives a
+    # SIGTERM of the group so it can record the server's exit status.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGHUP, lambda *_: None)
+    try:
+        with open(os.path.join(here, "server.log"), "ab") as log:
+            proc = subprocess.Popen(
+                ARGV, cwd=here, env=env, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, close_fds=True,
+            )
+    except OSError as e:  # exec failed (EACCES, ENOENT, E2BIG, ...): llmfab records why
+        os.write(report_fd, json.dumps({{"error": "cannot start %s: %s" % (ARGV[0], e.strerror),
+                                         "errno": e.errno, "argv0": ARGV[0]}}).encode())
+        os._exit(1)
+    os.write(report_fd, json.dumps({{"pid": proc.pid}}).encode())
+    os.close(report_fd)
+    while True:
+        try:
+            status = proc.wait()
+            break
+        except InterruptedError:
+            continue
+    _write_json(os.path.join(here, "exit.json"), {{"returncode": status, "ended_at": _now()}})
+    os._exit(0)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = _environment(here)
+    read_fd, write_fd = os.pipe()
+    reaper = os.fork()
+    if reaper == 0:
+        os.close(read_fd)
+        _reaper(here, env, write_fd)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as r:
+        report = json.loads(r.read() or b'{{"error": "launcher child died"}}')
+    if "error" in report:
+        print(json.dumps(report))
+        return 1
+    record = {{
+        "pid": report["pid"],
+        "pgid": reaper,
+        "started_at": _now(),
+        "release": os.path.basename(here),
+        "port": PORT,
+    }}
+    _write_json(os.path.join(os.path.dirname(os.path.dirname(here)), "server.json"), record)
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+SUPERVISED_REAPER = '''\
+# The profile's [supervise]: restart policy, backoff, crash-loop limit, hang detection,
+# carried out by supervise.py beside this file (standard library only, like this file).
+SUPERVISE = {supervise}
+
+
+def _reaper(here, env, report_fd):
+    """Child: lead a new session; supervise.py starts the server and restarts it per SUPERVISE,
+    records every attempt in restarts.jsonl and how the last one ended in exit.json."""
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    sys.path.insert(0, here)
+    import supervise
+    os._exit(supervise.run(here, ARGV, env, SUPERVISE, report_fd))
+'''
+# A supervised release carries the supervisor as the host agent's own package: llmfab_host/,
+# exactly the files the agent runs (tasks/transport/agent_code.py host_files, the one way code
+# travels), supervise.py (what the reaper above imports) and the failure rules as data.
+SUPERVISOR_PACKAGE = HOST_PACKAGE
+SUPERVISOR_ENTRY = b'''"""Imported by launch.py's reaper: the supervisor is llmfab_host/supervise/host/supervisor.py."""
+from llmfab_host.supervise.host.supervisor import run  # noqa: F401
+'''
+SUPERVISOR_FILES = ("supervise.py", "supervise_rules.json", SUPERVISOR_PACKAGE)  # names in the release
+SUPERVISING = ("running", "backoff", "waiting-for-gpu")  # supervisor states that may still launch
+SUPERVISED_GRACE_S = 30.0  # what is left of a crashed attempt gets fab stop's default grace
+
+
+def supervise_config(profile: Profile):
+    """The SUPERVISE dict of launch.py: [supervise] plus where the hang probes look."""
+    from ..steps.host.probe import probe_host
+    s, srv = profile.supervise, profile.server
+    host = probe_host(srv.host)
+    return {"restart": s.restart, "max_restarts": s.max_restarts, "window": s.window,
+            "backoff": s.backoff, "backoff_max": s.backoff_max, "hang_timeout": s.hang_timeout,
+            "memory_timeout": s.memory_timeout, "grace": SUPERVISED_GRACE_S, "port": srv.port,
+            "probe_host": host, "health_path": profile.ready.health_path,
+            "metrics_path": None if srv.engine == "command" else "/metrics"}
+
+
+def supervisor_rules():
+    """supervise_rules.json: the failure-rule table (tasks/failures/rules/) as data the supervisor
+    matches on the host, so restarts.jsonl and the restart marker name the rule."""
+    from ..failures.rules import RULES
+    table = [{"id": r.id, "priority": r.priority, "wrapper": r.wrapper,
+              "patterns": [{"regex": p.regex, "after": p.after} for p in r.patterns]}
+             for r in RULES if r.patterns]
+    return (json.dumps(table, indent=0) + "\n").encode()
+
+
+def supervisor_files(profile: Profile):
+    """[(name, bytes, mode)] of the supervisor, for the release directory; [] when off."""
+    if not profile.supervise.on:
+        return []
+    modules = [(f"{SUPERVISOR_PACKAGE}/{name}", data, 0o600) for name, data in host_files()]
+    return [("supervise.py", SUPERVISOR_ENTRY, 0o600), ("supervise_rules.json", supervisor_rules(), 0o600)] \
+        + modules
+
+
+def _supervised(text, profile):
+    """launch.py with the plain reaper replaced by the supervised one."""
+    start, end = text.index("def _reaper("), text.index("\n\ndef main():")
+    reaper = SUPERVISED_REAPER.format(supervise=_literal(supervise_config(profile)))
+    return text[:start] + reaper + "\n" + text[end + 1:]
+
+
+def _literal(value):
+    """A list or dict as a Python literal, one item per line (readable and diffable)."""
+    if not value:
+        return repr(value)
+    if isinstance(value, dict):
+        body = "".join(f"    {k!r}: {v!r},\n" for k, v in value.items())
+        return "{\n" + body + "}"
+    return "[\n" + "".join(f"    {v!r},\n" for v in value) + "]"
+
+
+def _in_docstring(text):
+    """`text` made safe inside the launcher's docstring. A profile file named with three
+    double quotes followed by Python code must not end the docstring and run on the host:
+    JSON escapes quotes, backslashes, control and non-ASCII characters; plain names stay as written."""
+    return json.dumps(text)[1:-1]
+
+
+def render_launcher(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None) -> str:
+    """The text of launch.py for this profile (`entry`: tasks/steps/argv.py) and the engine version
+    the host has (None: not known here, e.g. a dry run; it names the engine's cache directory,
+    tasks/startup/estimate.py). Deterministic: golden-tested."""
+    from ..startup.estimate import cache_env
+    from ..weights.sources import offline_env
+    text = TEMPLATE.format(
+        cache_env=_literal(cache_env(profile, engine_version)),
+        name="'%s'" % _in_docstring(profile.target.name),
+        profile_name=_in_docstring(profile.path.name),
+        digest=profile.digest[:12],
+        argv=_literal(server_argv(profile, entry)),
+        env=_literal(dict(profile.plain_env(), **offline_env(profile))),
+        secret_names=_literal(sorted(profile.secrets)),
+        port=profile.server.port,
+    )
+    return _supervised(text, profile) if profile.supervise.on else text
+
+
+def render_secrets(profile: Profile) -> bytes:
+    """secrets.json contents (written 0600), or b"" when the profile has none."""
+    secrets = {k: v.value for k, v in profile.secrets.items()}
+    return (json.dumps(secrets) + "\n").encode() if secrets else b""
+
+
+def render_argv_json(profile: Profile, entry=DEFAULT_ENTRY) -> bytes:
+    return (json.dumps(server_argv(profile, entry), ensure_ascii=False, indent=1) + "\n").encode("utf-8", "surrogateescape")

@@ -1,0 +1,206 @@
+"""Preflight on the host, before anything is launched: one record per check.
+
+Each check is {check, status: OK | WARN | FAIL, message}. A FAIL stops the deploy
+(exit 1) with nothing launched; WARN is printed and the deploy goes on.
+"""
+import os
+import sys
+
+from . import engineid, modelcheck, probe
+from ...gpu.host import nvsmi
+from ...transport.host.common import group_members, which
+MIN_DISK_FREE_MIB = 16  # below this a release, let alone its log, may not fit
+
+
+def _rec(check, status, message):
+    return {"check": check, "status": status, "message": message}
+
+
+def check_python():
+    ok = sys.version_info >= (3, 9)
+    return _rec("python", "OK" if ok else "FAIL",
+                "%s (Python %s)" % (sys.executable, sys.version.split()[0])
+                + ("" if ok else ": llmfab's launcher needs Python >= 3.9"))
+
+
+def check_engine(engine, argv0=None, python=None, env=None):
+    """The engine's import package and the distribution providing it (engineid.py), found as
+    the server will find them: by the server's interpreter `python` (None: this agent's) in the
+    server's environment (the host's plus the profile's plain [server.env], `env`), with what
+    the engine cannot start without (torch). The record carries them as `engine` ({package,
+    distribution, version}), from which the client picks the entry point it launches
+    (tasks/steps/argv.py)."""
+    if engine in engineid.ENGINE_PACKAGES:
+        return _engine_in_server_env(engine, python or sys.executable, env or {})
+    if argv0 is None:
+        return _rec("engine", "OK", "command")
+    found = argv0 if os.path.isabs(argv0) else which(argv0)
+    if argv0 and not os.path.isabs(argv0) and found is None and "/" in argv0:
+        return _rec("engine", "OK", "command %s (relative to the release directory)" % argv0)
+    if found is None or not os.path.exists(found):
+        return _rec("engine", "FAIL", "server.command[0] %r not found on this host's PATH" % argv0)
+    return _rec("engine", "OK", "command %s" % found)
+
+
+def _where(python, env, seen=None):
+    """`/x/bin/python3 with PYTHONPATH=/a:/b (from [server.env])`: what the engine check looked
+    with (`seen`: what the server's interpreter reported; secrets are never sent, so never shown)."""
+    if seen is None:
+        seen = {"python": python, "pythonpath": env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))}
+    if seen.get("pythonpath"):
+        origin = "from [server.env]" if "PYTHONPATH" in env else "from the host's environment"
+        return "%s with PYTHONPATH=%s (%s)" % (seen["python"], seen["pythonpath"], origin)
+    return "%s with PYTHONPATH unset (neither the host's environment nor [server.env] sets it)" % seen["python"]
+
+
+def _engine_in_server_env(engine, python, env):
+    package = engineid.ENGINE_PACKAGES[engine]
+    try:
+        seen = engineid.in_server_env(engine, python, env)
+    except OSError as e:
+        return _rec("engine", "FAIL", "cannot run server.python %s here: %s" % (python, e.strerror or e))
+    except RuntimeError as e:
+        return _rec("engine", "FAIL", "server.python %s could not look for %s (%s) in the server's "
+                    "environment: %s" % (python, package, _where(python, env), e))
+    info = seen["engine"]
+    record = {"package": package, "distribution": info["distribution"], "version": info["version"]}
+    if info["origin"] is None:
+        return _rec("engine", "FAIL", "%s is not importable by %s: install it into that environment, "
+                    "point server.python at the one that has it, or set [server.env] PYTHONPATH to the "
+                    "directory holding it" % (package, _where(python, env, seen)))
+    missing = [name for name, got in sorted(seen["needs"].items()) if got is None]
+    if missing:
+        return dict(_rec("engine", "FAIL", "%s is there (%s) but %s, which it needs to start, is not "
+                         "importable by %s: the server would die with \"No module named '%s'\"; install "
+                         "%s into that environment or put it on [server.env] PYTHONPATH"
+                         % (engineid.describe(record), info["origin"], " and ".join(missing),
+                            _where(python, env, seen), missing[0], " and ".join(missing))), engine=record)
+    torch = seen["needs"].get("torch")
+    text = engineid.describe(record)
+    if torch:
+        text += ", torch %s (%s)" % (torch["version"] or "unknown version", torch["build"] or "build unknown")
+    return dict(_rec("engine", "OK", text), engine=record)
+
+
+def check_paths(paths, pulled=None):
+    """Each model path exists; a missing one with a [weights] source (`pulled`: path ->
+    source) names `fab pull` as its fix."""
+    out = []
+    for key, path in paths:
+        if os.path.exists(path):
+            out.append(_rec("path", "OK", "%s: %s exists" % (key, path)))
+        elif path in (pulled or {}):
+            out.append(_rec("path", "FAIL", "%s: %s does not exist on this host; fix: `fab pull` "
+                                            "copies it there from %s ([weights])"
+                            % (key, path, pulled[path])))
+        else:
+            out.append(_rec("path", "FAIL", "%s: %s does not exist on this host" % (key, path)))
+    return out
+
+
+def check_port(host, port, owner_pgid=None):
+    if owner_pgid:
+        holders = probe.port_holders(port)
+        # A server still loading (vLLM) has bound its port without listening yet, and such a
+        # socket is in no /proc/net table: while the running release's group is alive and
+        # nobody else listens, the port is taken to be its own (it is stopped first).
+        if all(_pgid(h["pid"]) == owner_pgid for h in holders) \
+                and (holders or group_members(owner_pgid)):
+            return _rec("port", "OK", "port %d is held by the running release, which is stopped "
+                        "before the new one starts" % port)
+    holder = probe.port_in_use(host, port)
+    if holder is None:
+        return _rec("port", "OK", "%s:%d is free" % (host, port))
+    return _rec("port", "FAIL", "port %d is already in use by %s; stop it (fab stop / "
+                "fab kill-gpu-procs) or choose another server.port" % (port, holder))
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def check_disk(deploy_dir, min_free_mib=MIN_DISK_FREE_MIB):
+    """Free space where the release will be written (its nearest existing ancestor)."""
+    path = os.path.abspath(os.path.expanduser(deploy_dir))
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        st = os.statvfs(path)
+    except OSError as e:
+        return _rec("disk", "FAIL", "cannot read free space at %s: %s" % (path, e.strerror))
+    free = st.f_bavail * st.f_frsize / 2 ** 20
+    msg = "%.0f MiB free at %s" % (free, path)
+    if free < min_free_mib:
+        return _rec("disk", "FAIL", msg + " (disk full?): a release and its log need at least %d "
+                    "MiB; free some space there or choose another target.workdir" % min_free_mib)
+    return _rec("disk", "OK", msg)
+
+
+def check_gpus(nvidia_smi, devices, min_free):
+    gpus = nvsmi.read_gpus(nvidia_smi)
+    if gpus is None:
+        status = "FAIL" if min_free else "WARN"
+        return [_rec("gpu", status, "%s not found or not working: cannot read GPU memory" % nvidia_smi)]
+    chosen = nvsmi.select(gpus, devices)
+    if devices is not None:
+        missing = sorted(set(devices) - {g["index"] for g in gpus})
+        if missing:
+            return [_rec("gpu", "FAIL", "GPU(s) %s not present (host has %s)" % (
+                missing, [g["index"] for g in gpus]))]
+    out = []
+    for g in chosen:
+        free = None if g["used_mib"] is None or g["total_mib"] is None else g["total_mib"] - g["used_mib"]
+        msg = "GPU %d %s: %s MiB free of %s" % (g["index"], g["name"], free, g["total_mib"])
+        if min_free and (free is None or free < min_free):
+            out.append(_rec("gpu", "FAIL", msg + ", below gpu.min_free_mib = %d; free it with "
+                            "`fab kill-gpu-procs`" % min_free))
+        else:
+            out.append(_rec("gpu", "OK", msg))
+    return out
+
+
+def run(req):
+    engine = check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"))
+    checks = [check_python(), engine]
+    checks += check_paths(req.get("paths", []), req.get("pulled"))
+    checks += modelcheck.run(req.get("models"))
+    if (req.get("doctor") or {}).get("method"):  # rules of doctor_rules.py (a speculative method)
+        from ...doctor.host import spec_check
+        # the engine version as the server's environment has it (the check above)
+        doctor = dict(req["doctor"], version=(engine.get("engine") or {}).get("version"))
+        checks += spec_check.checks(spec_check.run(doctor)[1])
+    checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
+    if req.get("deploy_dir"):
+        checks.append(check_disk(req["deploy_dir"]))
+    checks += check_gpus(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"), req.get("min_free_mib", 0))
+    if req.get("deploy_dir"):
+        checks += check_orphans(req["deploy_dir"], req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))
+    return checks
+
+
+def check_orphans(ddir, nvidia_smi, devices):
+    """A FAIL for each process of this deployment that holds GPU memory while not being part of
+    the live server (an engine child left behind by a killed server); others: check_gpus."""
+    from ...transport.host.common import expand, read_json, server_alive
+    from ...gpu.host.gpuprocs import holders
+    ddir = expand(ddir)
+    server = read_json(os.path.join(ddir, "server.json"))
+    live = server["release"] if server and server_alive(ddir, server) else None
+    return [_rec("gpu", "FAIL", "GPU %d: pid %d (%s) of release %s holds %s MiB with no server running; "
+                 "free it with `fab kill-gpu-procs`" % (h["gpu"], h["pid"], h["name"], h["release"], h["mib"]))
+            for h in holders(ddir, nvidia_smi, devices) if h["ours"] and h["release"] != live]
+
+
+def op_preflight(req):
+    return {"checks": run(req)}
+
+
+def op_host_facts(req):
+    """What makes two hosts alike for a sweep (`fab tune`): the engine and its version (as
+    the preflight reads it), and the GPUs' names (None: no nvidia-smi)."""
+    gpus = nvsmi.read_gpus(req.get("nvidia_smi") or "nvidia-smi")
+    return {"engine": check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"))["message"],
+            "gpus": None if gpus is None else [g["name"] for g in gpus]}

@@ -1,0 +1,149 @@
+"""Host-side probes: HTTP health and models, the port's holder, log reading, poll ticks."""
+import errno
+import json
+import os
+
+from ...gpu.host import nvsmi
+from ...transport.host.common import cmdline, expand, fd_targets, pid_alive, pids, read_exit
+
+LOG_CHUNK = 256 * 1024
+# [server] host values that mean every interface: anyone who reaches the host reaches the
+# server (the preflight's exposure warning), and on the host itself it answers on 127.0.0.1.
+ALL_INTERFACES = ("0.0.0.0", "::", "[::]", "")
+
+
+def http_get(port, path, host="127.0.0.1", timeout=2.0, headers=None):
+    """(status, body bytes) or (None, error text). Never raises."""
+    # Imported here, not at the top: urllib.request pulls in http.client, email and ssl
+    # (~25 ms), which an agent that never probes HTTP (deploy --no-wait, stop) skips.
+    import urllib.error
+    import urllib.request
+    url = "http://%s:%d%s" % (host, port, path)
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}),
+                                    timeout=timeout) as r:
+            return r.status, r.read(1 << 20)
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(1 << 16) if e.fp else b""
+    except (OSError, ValueError) as e:
+        reason = getattr(e, "reason", e)
+        return None, str(reason).encode()
+
+
+def probe_host(server_host):
+    """Where to reach the server from the host itself (the agent's probes, the supervisor's
+    hang watch, `fab targets` for the `local` host)."""
+    return "127.0.0.1" if server_host in ALL_INTERFACES or server_host == "localhost" else server_host
+
+
+def served_models(port, path, host="127.0.0.1", api_key=None):
+    """The names /v1/models lists, or None. vLLM and SGLang guard /v1/* with --api-key
+    (/health stays open): without the key the list is a 401, and a deploy would wait for it
+    until its timeout."""
+    headers = {"Authorization": "Bearer " + api_key} if api_key else None
+    status, body = http_get(port, path, host, headers=headers)
+    if status != 200:
+        return None
+    try:
+        return [m.get("id") for m in json.loads(body).get("data", [])]
+    except (ValueError, AttributeError):
+        return None
+
+
+def _listening_inodes(port):
+    inodes = set()
+    local_port = ":%04X " % port  # the local address field ends so; most lines are skipped unsplit
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    if local_port not in line:
+                        continue
+                    parts = line.split()
+                    local, state, inode = parts[1], parts[3], parts[9]
+                    if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                        inodes.add(inode)
+        except (OSError, StopIteration):
+            continue
+    return inodes
+
+
+def port_holders(port):
+    """[{pid, cmdline}] of processes listening on port (visible in this PID namespace)."""
+    inodes = _listening_inodes(port)
+    if not inodes:
+        return []
+    wanted = {"socket:[%s]" % i for i in inodes}
+    return [{"pid": pid, "cmdline": cmdline(pid)} for pid in pids() if wanted.intersection(fd_targets(pid))]
+
+
+def port_in_use(host, port):
+    """None if free, else a description of who holds it.
+
+    A bind, exactly as the server will try it, says whether the port is free; only a
+    refused one reads /proc/net/tcp{,6} to name the holder. The kernel walks its whole
+    TCP hash table to write those files (~5 ms each on a host with much memory, however
+    few sockets there are), too much for every preflight of a port that is free."""
+    # _socket is the C module behind socket.py, whose enums cost every preflight ~5 ms
+    # to build at import; a bind needs none of them.
+    import _socket as socket
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # Servers set SO_REUSEADDR too: connections of a just-stopped server lingering
+        # in TIME_WAIT must not make a free port look taken.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, port))
+        return None
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            return "cannot bind %s:%d: %s" % (host, port, e.strerror)
+    finally:
+        s.close()
+    if not _listening_inodes(port):  # bound, not listening: in no /proc/net table
+        return "a process that bound it without listening (a server still starting?)"
+    holders = port_holders(port)
+    if holders:
+        return "; ".join("pid %d (%s)" % (h["pid"], h["cmdline"][:200]) for h in holders)
+    return "a process not visible from here (another PID namespace or user)"
+
+
+def read_log(path, offset, limit=LOG_CHUNK):
+    """New complete lines after byte offset: {offset (new), text, size}. Partial lines wait."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return {"offset": offset, "text": "", "size": None}
+    if size < offset:  # truncated by someone else: start over rather than miss lines
+        offset = 0
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(limit)
+    end = data.rfind(b"\n")
+    if end < 0:
+        if len(data) < limit:
+            return {"offset": offset, "text": "", "size": size}
+        end = len(data) - 1  # a huge line: hand it over in pieces
+    data = data[:end + 1]
+    return {"offset": offset + len(data), "text": data.decode("utf-8", "replace"), "size": size}
+
+
+def op_poll(req):
+    """One wait tick: process alive, new log lines, /health, /v1/models, GPU memory."""
+    ddir = expand(req["deploy_dir"])
+    release = req["release"]
+    rdir = os.path.join(ddir, "releases", release)
+    pid = req["pid"]
+    out = {"alive": pid_alive(pid), "exit": read_exit(rdir, pid)}
+    out["log"] = read_log(os.path.join(rdir, "server.log"), req.get("log_offset", 0))
+    host = probe_host(req.get("host", "127.0.0.1"))
+    out["health"] = out["models"] = None
+    if out["alive"]:
+        status, body = http_get(req["port"], req.get("health_path") or "/health", host)
+        out["health"] = status if status is not None else body.decode("utf-8", "replace")
+        if status == 200 and req.get("models_path"):
+            out["models"] = served_models(req["port"], req["models_path"], host, req.get("api_key"))
+    if req.get("nvidia_smi"):
+        out["gpus"] = nvsmi.select(nvsmi.read_gpus(req["nvidia_smi"]), req.get("devices"))
+    return out
+

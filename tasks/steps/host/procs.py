@@ -1,0 +1,229 @@
+"""Stopping a deployment on the host: TERM the group, wait, KILL, sweep stragglers.
+
+`stop` is what `fab stop` runs; `stop_own_group` the same from inside the group (the
+supervisor, tasks/supervise/host/supervisor.py, ending what is left of a crashed attempt).
+
+Stragglers are processes that left the server's process group (e.g. a worker that
+called setsid) but still carry the launcher's `LLMFAB_RELEASE` environment marker.
+The answer carries the release's gpu-baseline.json so the caller can wait until the
+GPUs are back to what they held before the launch (tasks/gpu/memory.py does).
+"""
+import os
+import signal
+import time
+
+from ...gpu.host import nvsmi, gpuprocs
+from ...supervise.host import supervisor_state
+from ...transport.host.common import (MARKER, STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive, pids_marked, proc_read, read_json, release_marker, utc_iso, write_json)
+KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA process
+REAPER_WAIT_S = 2.0
+
+
+def marked(ddir):
+    """Live pids (seeing this filesystem) whose environment says they belong to a release under ddir."""
+    prefix = release_marker(ddir) + b"/"
+    return pids_marked(lambda item: item.startswith(prefix))
+
+
+def _signal(pids, pgid, sig):
+    """`sig` once to each process: the group by killpg, then each pid outside the group.
+
+    A process must never get a second SIGTERM: servers built on uvicorn read it as
+    "stop now, skip the graceful shutdown", and a handler that takes a lock deadlocks.
+    """
+    if pgid:
+        in_group = set(group_members(pgid))
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            in_group = set()
+        pids = [p for p in pids if p not in in_group]
+    kill_each(pids, sig)
+
+
+def _wait_gone(pids, deadline, sleep=time.sleep):
+    while True:
+        alive = [p for p in pids if pid_alive(p)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        sleep(0.05)
+
+
+def ours(ddir, pgid):
+    """(live pids of this deployment, its pgid or None): marked ones, plus the server's group.
+
+    The group counts only while a member carries the marker: after a reboot or a long
+    time the pgid in server.json may name some unrelated group.
+    """
+    pids = set(marked(ddir))
+    if pgid:
+        group = set(group_members(pgid))
+        if group & pids:
+            return pids | group, pgid
+    return pids, None
+
+
+def mark_stopped(ddir, server, by):
+    """Record in the release that its server is being stopped on purpose, by `by` (common.py
+    STOP_FILE): however it then exits, and whatever it prints meanwhile, it did not fail."""
+    rdir = os.path.join(ddir, "releases", server.get("release") or "")
+    if server.get("release") and os.path.isdir(rdir):
+        write_json(os.path.join(rdir, STOP_FILE), {"by": by, "pid": server.get("pid"), "at": utc_iso()})
+
+
+def stop(ddir, grace, by=None):
+    """TERM the group and every marked process, wait `grace` s, then KILL whatever is left.
+    `by` (e.g. "fab stop") records the stop in the release first; None when the server is
+    stopped because it failed (its failure stays its explanation)."""
+    server = read_json(os.path.join(ddir, "server.json")) or {}
+    targets, pgid = ours(ddir, server.get("pgid"))
+    if not targets:
+        return {"already_stopped": True, "server": server or None, "terminated": [], "killed": [],
+                "survivors": []}
+    if by:
+        mark_stopped(ddir, server, by)
+    names = {p: cmdline(p) for p in targets}
+    t0 = time.monotonic()
+    _signal(sorted(targets), pgid, signal.SIGTERM)
+    _wait_gone(sorted(targets), t0 + grace)
+    # The sweep: what survived TERM, and anything of ours spawned meanwhile (a worker
+    # that called setsid after the first scan, say) goes by KILL.
+    now = ours(ddir, server.get("pgid") if pgid else None)[0]
+    left = sorted(p for p in now | targets if pid_alive(p))
+    for p in left:
+        names.setdefault(p, cmdline(p))
+    killed, survivors = [], []
+    if left:
+        # The launcher's reaper leads the group and writes exit.json once its server is
+        # gone: kill the others first and give it a moment to record how the server ended.
+        reaper = server.get("pgid") if server.get("pgid") in left else None
+        killed = [p for p in left if p != reaper]
+        _signal(killed, None, signal.SIGKILL)
+        survivors = _wait_gone(killed, time.monotonic() + KILL_WAIT_S)
+        if reaper and _wait_gone([reaper], time.monotonic() + REAPER_WAIT_S):
+            _signal([reaper], None, signal.SIGKILL)
+            killed.append(reaper)
+            survivors += _wait_gone([reaper], time.monotonic() + KILL_WAIT_S)
+    return {
+        "already_stopped": False,
+        "server": server,
+        "terminated": sorted(p for p in targets if p not in killed),
+        "killed": killed,
+        "survivors": survivors,
+        "names": {str(k): v for k, v in names.items()},
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+
+
+def stop_own_group(marked, grace, sleep=time.sleep):
+    """`stop`, done from inside the group it stops: the supervisor leads its server's process
+    group, so it TERMs the group once with itself spared, then each process `marked()` names
+    (its release's marker) outside the group; waits `grace` s, KILLs what is left and what
+    appeared meanwhile. `sleep(s)` waits (the supervisor's notices a stop request).
+    Returns {"terminated": [...], "killed": [...]}."""
+    me = os.getpid()
+    group = set(group_members(me)) - {me}
+    targets = group | set(marked())
+    if targets:
+        if group:
+            _term_own_group()
+        _signal(sorted(set(marked()) - set(group_members(me))), None, signal.SIGTERM)
+        _wait_gone(sorted(targets), time.monotonic() + grace, sleep)
+    # The sweep: survivors of TERM, and anything of ours that appeared meanwhile.
+    left = sorted(p for p in (targets | set(marked()) | set(group_members(me))) - {me} if pid_alive(p))
+    _signal(left, None, signal.SIGKILL)
+    _wait_gone(left, time.monotonic() + KILL_WAIT_S, sleep)
+    return {"terminated": sorted(targets - set(left)), "killed": left}
+
+
+def _term_own_group():
+    """SIGTERM to this process's group, itself spared: blocked, then the pending one consumed."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        os.killpg(os.getpgid(0), signal.SIGTERM)
+        signal.sigtimedwait({signal.SIGTERM}, 0)
+    except (ProcessLookupError, PermissionError):
+        pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+
+def baseline(ddir, server):
+    """The GPU readings recorded just before this server's launch (gpu-baseline.json), or None."""
+    if not server or not server.get("release"):
+        return None
+    return read_json(os.path.join(ddir, "releases", server["release"], "gpu-baseline.json"))
+
+
+def op_stop(req):
+    ddir = expand(req["deploy_dir"])
+    server = read_json(os.path.join(ddir, "server.json"))
+    # The supervisor first: once it says "off" it restarts nothing, not even from a backoff.
+    supervised = supervisor_state.end(ddir, server)
+    base = baseline(ddir, server)
+    before = None
+    if base and base.get("gpus") and ours(ddir, (server or {}).get("pgid"))[0]:
+        before = nvsmi.read_gpus(base.get("nvidia_smi") or "nvidia-smi")  # for the "8123 -> 3 MiB" lines
+    out = stop(ddir, float(req.get("grace", 30)), req.get("by", "fab stop"))
+    out["supervisor_was"] = supervised
+    out["baseline"] = base
+    out["gpus_before"] = before
+    if req.get("nvidia_smi"):
+        out["gpus"] = nvsmi.select(nvsmi.read_gpus(req["nvidia_smi"]), req.get("devices"))
+    return out
+
+
+def _signal_one(pid, start, sig):
+    """'sent', 'gone' or 'denied'. A pid whose start time changed is a new process: 'gone'."""
+    info = gpuprocs.proc_info(pid)
+    if info is None or not pid_alive(pid) or (start is not None and info["start"] != start):
+        return "gone"
+    try:
+        os.kill(pid, sig)
+        return "sent"
+    except ProcessLookupError:
+        return "gone"
+    except PermissionError:
+        return "denied"
+
+
+def releases_of(pids):
+    """The release directories whose marker (LLMFAB_RELEASE) these processes carry."""
+    out = set()
+    for pid in pids:
+        for item in (proc_read(pid, "environ") or b"").split(b"\0"):
+            if item.startswith(MARKER):
+                out.add(item[len(MARKER):].decode("utf-8", "surrogateescape"))
+    return out
+
+
+def mark_killed(pids, by):
+    """Record in each llmfab release that one of `pids` serves that it is stopped on purpose
+    (`by`), as `fab stop` does: a deploy waiting for it says so, status never calls it failed."""
+    for rdir in releases_of(pids):
+        ddir = os.path.dirname(os.path.dirname(rdir))
+        server = read_json(os.path.join(ddir, "server.json")) or {}
+        if server.get("release") == os.path.basename(rdir):
+            mark_stopped(ddir, server, by)
+
+
+def kill(targets, grace, by="fab kill-gpu-procs"):
+    """SIGTERM each {pid, start}, wait up to grace s, SIGKILL the rest, wait for them to go."""
+    t0 = time.monotonic()
+    names = {str(t["pid"]): cmdline(t["pid"]) for t in targets}
+    mark_killed([t["pid"] for t in targets], by)
+    sent, gone, denied = [], [], []
+    for t in targets:
+        res = _signal_one(t["pid"], t.get("start"), signal.SIGTERM)
+        {"sent": sent, "gone": gone, "denied": denied}[res].append(t)
+    alive = [t for t in sent if t["pid"] in _wait_gone([x["pid"] for x in sent], t0 + grace)]
+    killed = [t["pid"] for t in alive if _signal_one(t["pid"], t.get("start"), signal.SIGKILL) == "sent"]
+    survivors = _wait_gone(killed, time.monotonic() + KILL_WAIT_S)
+    return {"terminated": [t["pid"] for t in sent if t["pid"] not in killed], "killed": killed,
+            "survivors": survivors, "gone": [t["pid"] for t in gone],
+            "denied": [t["pid"] for t in denied], "names": names,
+            "seconds": round(time.monotonic() - t0, 3)}
+
+
+def op_kill_procs(req):
+    return kill(req["targets"], float(req.get("grace", 10)))

@@ -1,0 +1,170 @@
+"""Event-driven wait tick: watch a launched server on the host and answer when something changes.
+
+One `watch` request holds for at most `wait_s` (the client's poll interval) while this
+agent checks, every TICK_S on the host, what decides a deploy:
+
+- the process exiting (its last log lines are read after it is gone);
+- the log growing with a line that matches one of the client's `hints` (the fatal-line
+  patterns of tasks/failures/logscan.py, sent with the request so their table stays the client's);
+  the verdict itself stays the client's scanner's, this only answers early;
+- the port starting to accept connections, then /health and /v1/models answering
+  differently from the state the client last saw (`seen`).
+
+It answers at once on such a change (or on the first request, `seen` None), else after
+`wait_s` with the progress so far. Cheap while a model loads: a tick is a /proc read,
+a stat of the log and one refused TCP connect; HTTP is spoken only once the port
+accepts, and nvidia-smi (tens of ms of CPU per run) at most every `gpu_every_s`.
+"""
+import os
+import re
+import socket
+import time
+
+from ...gpu.host import nvsmi
+from ...transport.host.common import CONTEXT, expand, pid_alive, read_exit, read_stop
+from .probe import LOG_CHUNK, http_get, probe_host, read_log, served_models
+
+TICK_S = 0.05          # how often the host looks: events are seen within ~25 ms on average
+HTTP_EVERY_S = 0.1     # once the port accepts: /health (and /v1/models) at most this often
+SETTLE_S = 0.05        # after a hinted line: the lines that follow it (the explanation) too
+MAX_WAIT_S = 60.0      # one request never holds longer, whatever the client asks
+
+
+def address(host, port):
+    """(family, sockaddr) of host:port, resolved once per request (never a lookup per tick)."""
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        return family, sockaddr
+    except (OSError, IndexError):
+        return None
+
+
+def accepts(addr, timeout=0.5):
+    """True when a TCP connect to addr succeeds (a refused one costs ~30 us)."""
+    if addr is None:
+        return True  # unresolvable here: let the HTTP probe say why
+    s = socket.socket(addr[0], socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(addr[1])
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def _hints(req):
+    """Compiled hint patterns, or None: then any new line answers (no hints sent, or one
+    that this Python cannot compile, e.g. syntax newer than the host's 3.9)."""
+    if req.get("hints") is None:
+        return None
+    key = tuple(tuple(h) for h in req["hints"])
+    cache = CONTEXT.setdefault("watch_hints", {})
+    if key not in cache:
+        try:
+            cache[key] = [re.compile(p, f) for p, f in key]
+        except (re.error, TypeError, ValueError):
+            cache[key] = None
+    return cache[key]
+
+
+def hinted(hints, text):
+    """Whether new log text holds a line worth answering for (searched line by line, as
+    the client's scanner does, so `^` anchors mean the start of a line)."""
+    if not text:
+        return False
+    if hints is None:
+        return True
+    return any(h.search(line) for line in text.splitlines() for h in hints)
+
+
+def _gpus(req):
+    """The deployment's GPUs: read at most every gpu_every_s, else the last reading."""
+    smi = req.get("nvidia_smi")
+    if not smi:
+        return None
+    last = CONTEXT.get("watch_gpus")
+    now = time.monotonic()
+    if last is None or last[0] != smi or now - last[1] >= float(req.get("gpu_every_s") or 0):
+        last = (smi, now, nvsmi.select(nvsmi.read_gpus(smi), req.get("devices")))
+        CONTEXT["watch_gpus"] = last
+    return last[2]
+
+
+class _Log:
+    """New complete lines of the log after an offset, read only when the file grew."""
+
+    def __init__(self, path, offset):
+        self.path, self.offset, self.size, self.parts, self.chars = path, offset, -1, [], 0
+
+    def poll(self):
+        """New text since the last poll ("" if none)."""
+        try:
+            size = os.stat(self.path).st_size
+        except OSError:
+            return ""
+        if size == self.size:
+            return ""
+        self.size = size
+        r = read_log(self.path, self.offset)
+        self.offset = r["offset"]
+        if r["text"]:
+            self.parts.append(r["text"])
+            self.chars += len(r["text"])
+        return r["text"]
+
+    def result(self):
+        return {"offset": self.offset, "text": "".join(self.parts), "size": self.size}
+
+
+def op_watch(req):
+    t0 = time.monotonic()
+    deadline = t0 + min(max(float(req.get("wait_s") or 0), 0.0), MAX_WAIT_S)
+    rdir = os.path.join(expand(req["deploy_dir"]), "releases", req["release"])
+    pid, port = req["pid"], req["port"]
+    host = probe_host(req.get("host", "127.0.0.1"))
+    addr = address(host, port)
+    hints, seen = _hints(req), req.get("seen")
+    out = {"gpus": _gpus(req)} if req.get("nvidia_smi") else {}
+    log = _Log(os.path.join(rdir, "server.log"), req.get("log_offset", 0))
+    health = models = None
+    next_http, settle_until, why = 0.0, None, None
+    while why is None:
+        now = time.monotonic()
+        alive = pid_alive(pid)
+        text = log.poll()
+        if not alive:
+            log.poll()  # the agent saw the process gone: its last words are in
+            why = "exited"
+            break
+        if settle_until is None and hinted(hints, text):
+            settle_until = now + SETTLE_S
+        elif settle_until is not None and now >= settle_until and (not text or now >= settle_until + 0.2):
+            why = "hint"
+        if log.chars >= LOG_CHUNK:
+            why = "log"
+        if now >= next_http:
+            health = models = None
+            if accepts(addr):
+                status, body = http_get(port, req.get("health_path") or "/health", host)
+                health = status if status is not None else body.decode("utf-8", "replace")
+                if status == 200 and req.get("models_path"):
+                    models = served_models(port, req["models_path"], host, req.get("api_key"))
+                next_http = time.monotonic() + HTTP_EVERY_S
+        state = {"alive": alive, "health": health if isinstance(health, int) else None,
+                 "models": models}
+        if why is None and (seen is None or state != seen):
+            why = "first" if seen is None else "changed"
+        if why is None and now >= deadline and settle_until is None:
+            why = "timeout"
+        if why is None:
+            time.sleep(TICK_S)
+    state = {"alive": alive, "health": health if isinstance(health, int) else None, "models": models}
+    out.update(alive=alive, exit=read_exit(rdir, pid), log=log.result(),
+               stopped=None if alive else read_stop(rdir, pid),  # by another task: not a failure
+               health=health if alive else None, models=models if alive else None,
+               state=state, why=why, held_s=round(time.monotonic() - t0, 3),
+               at=time.time())  # the host's clock when it answered: a start's ready time
+    return out
+

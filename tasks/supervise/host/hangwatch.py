@@ -1,0 +1,158 @@
+"""The supervisor's eyes: hang detection over HTTP, and the fatal line (and rule) of an attempt's log.
+
+Shipped into a supervised release with the supervisor (tasks/release/launcher.py). Hung (docs/supervision.md), once the
+server answered /health 200: no 200 for `hang_timeout` s since the last one (a probe
+fails after min(5, hang_timeout) s), or requests running/waiting while the generated-token
+counter in /metrics stays put for `hang_timeout` s. Busy and progressing, or idle with
+nothing waiting, is not hung. The fatal line is chosen from the failure-rule table as
+tasks/failures/logscan.py chooses it (a unit test holds the two to the same answers). Standard
+library only, Python >= 3.9.
+"""
+import http.client
+import json
+import re
+import time
+
+# The failure-rule table (tasks/failures/rules/) comes as data: supervise_rules.json beside
+# this file, [{id, priority, wrapper, patterns: [{regex, after}]}], highest priority first.
+EXCEPTION = re.compile(r"^(?:\(\w+[^)]*\) )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b(?::|$)")
+READ_MAX = 4 << 20  # bytes of an attempt's log read for its fatal line (the tail if longer)
+
+# The Prometheus names of vLLM's and SGLang's counters llmfab reads, here and in
+# tasks/measure/metrics.py (which imports them from here).
+GENERATED = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
+RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "sglang:num_requests_running")
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "sglang:num_requests_waiting")
+BUSY = RUNNING + WAITING
+
+
+def load_rules(path):
+    """[(id, wrapper, priority, [(regex, after or None)])] from supervise_rules.json, compiled."""
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, ValueError):
+        return []
+    out = []
+    for r in table:
+        pats = []
+        for p in r.get("patterns", ()):
+            try:
+                pats.append((re.compile(p["regex"]), re.compile(p["after"]) if p.get("after") else None))
+            except re.error:
+                continue  # a pattern this Python cannot compile is skipped, not fatal
+        if pats:
+            out.append((r["id"], r.get("wrapper", ""), r.get("priority", 0), pats))
+    return out
+
+
+def _rule_of(rules, lines, n):
+    for rule_id, wrapper, priority, pats in rules:  # highest priority first, as tasks/failures/logscan.py
+        for regex, after in pats:
+            if regex.search(lines[n]) and (after is None or any(after.search(b) for b in lines[max(0, n - 4):n])):
+                return rule_id, wrapper, priority
+    return None
+
+
+def fatal_line(log_path, offset, rules=()):
+    """(line, rule id) of what explains this attempt's end, from the log written since
+    `offset`: the highest-priority root-cause line (the earliest of equals), else the
+    first wrapper line (`Engine core initialization failed`, ...), as tasks/failures/logscan.py
+    decides; with no known line, (the last exception line of a traceback, None), else
+    (None, None)."""
+    try:
+        with open(log_path, "rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(offset, size - READ_MAX))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None, None
+    lines = text.splitlines()
+    roots, wrappers = [], []
+    for n in range(len(lines)):
+        hit = _rule_of(rules, lines, n)
+        if hit:
+            (wrappers if hit[1] else roots).append((n, hit[0], hit[2]))
+    if roots or wrappers:
+        n, rule_id, _ = min(roots, key=lambda x: (-x[2], x[0])) if roots else wrappers[0]
+        return lines[n].strip()[:500], rule_id
+    seen_traceback, last = False, None
+    for line in lines:
+        if "Traceback (most recent call last)" in line:
+            seen_traceback = True
+        elif seen_traceback and EXCEPTION.match(line.strip()):
+            last = line.strip()[:500]
+    return last, None
+
+
+def metric_values(text):
+    """{name: summed value} for the names hang detection reads, from Prometheus text."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in GENERATED or name in BUSY:
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except (IndexError, ValueError):
+                continue
+    return out
+
+
+class HangWatch:
+    def __init__(self, cfg):
+        self.timeout = float(cfg["hang_timeout"])
+        self.probe_timeout = min(5.0, self.timeout)
+        self.interval = self.probe_timeout / 2  # detection within hang_timeout + one probe
+        self.host, self.port = cfg["probe_host"], cfg["port"]
+        self.health_path, self.metrics_path = cfg["health_path"], cfg.get("metrics_path")
+        self.ready = False
+        self.last_ok = self.last_progress = None
+        self.last_generated = None
+        self.next_at = time.monotonic() + self.interval
+
+    def next_probe_in(self):
+        return max(0.0, self.next_at - time.monotonic())
+
+    def _get(self, path):
+        """(status, body) or (None, None) if nothing answered within the probe timeout."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.probe_timeout)
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            return resp.status, resp.read(1 << 20)
+        except (OSError, http.client.HTTPException):
+            return None, None
+        finally:
+            conn.close()
+
+    def probe(self):
+        """One look; returns why the server is hung, or None."""
+        code, _ = self._get(self.health_path)
+        now = time.monotonic()
+        self.next_at = now + self.interval
+        if code == 200:
+            self.ready = True
+            self.last_ok = now
+        if not self.ready:
+            return None  # never ready: start-up is deploy's business, not a hang
+        if now - self.last_ok >= self.timeout:
+            return "llmfab: hung: no /health 200 for %.1f s (hang_timeout = %g s)" % (
+                now - self.last_ok, self.timeout)
+        return self._progress(now) if code == 200 and self.metrics_path else None
+
+    def _progress(self, now):
+        code, body = self._get(self.metrics_path)
+        if code != 200:
+            return None
+        values = metric_values(body.decode("utf-8", "replace"))
+        generated = sum(values.get(n, 0.0) for n in GENERATED)
+        busy = sum(values.get(n, 0.0) for n in BUSY) > 0
+        if not busy or self.last_generated is None or generated != self.last_generated:
+            self.last_progress = now
+        self.last_generated = generated
+        if busy and now - self.last_progress >= self.timeout:
+            return ("llmfab: hung: requests waiting and no token generated for %.1f s "
+                    "(hang_timeout = %g s)" % (now - self.last_progress, self.timeout))
+        return None

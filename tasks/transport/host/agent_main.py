@@ -1,0 +1,147 @@
+"""The host-side agent: one long-lived process per task and host.
+
+llmfab sends exactly one remote command per task and host: the profile's Python
+with a short bootstrap (tasks/transport/agent_bootstrap.py, minified) that finds this package's
+code cached on the host (or receives it once) and calls `serve()`. Requests then
+flow as JSON lines over the same channel, so a poll tick costs no new remote
+command and no shell start-up. Every op is a row of ops.py (module, function); a
+module is imported when the first request for one of its ops arrives, so a task
+pays only for the code it uses.
+The agent exits when its stdin closes (the SSH session ended), at once even
+mid-operation (a watchdog thread), which also releases any lock it holds.
+Standard library only; Python >= 3.9.
+"""
+import json
+import os
+import select
+import sys
+import threading
+
+from .common import CONTEXT, HostError
+from .ops import OPS
+
+VERSION = 2
+_FUNCTIONS = {}  # op -> function, filled as modules are imported on demand
+_ORIGIN = {}  # how the bootstrap found this code: agent_dir, code (cached / sent / temporary)
+
+
+def op_hello(req):
+    return dict(_ORIGIN, agent=VERSION, python="%d.%d.%d" % sys.version_info[:3],
+                executable=sys.executable, hostname=os.uname()[1], user=_user(),
+                home=os.path.expanduser("~"), pid=os.getpid())
+
+
+def _user():
+    try:
+        import pwd
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
+
+
+def op_batch(req):
+    """Several requests in one message (`calls`, each a request), answered together: the
+    round trips of a deploy's steps that need nothing from each other's answers. They run
+    in order and the first failure ends the batch, so what follows it never runs (no
+    launch after a failed GPU baseline); its error says which one (`batch_index`)."""
+    out = []
+    for i, sub in enumerate(req["calls"]):
+        if sub.get("op") == "batch":
+            raise HostError("a batch cannot hold a batch", kind="internal")
+        try:
+            out.append(handle(sub))
+        except HostError as e:
+            e.data = dict(e.data, batch_index=i)
+            raise
+    return out
+
+
+def lookup(name):
+    """The function serving op `name` (ops.py), importing its module on first use (only that one)."""
+    fn = _FUNCTIONS.get(name)
+    if fn is None:
+        info = OPS.get(name)
+        if info is None:
+            raise HostError("unknown agent operation %r" % name, kind="internal")
+        import importlib
+        root = __package__.rsplit(".", 2)[0]  # llmfab_host on a host, tasks here (its tests)
+        module = importlib.import_module(root + "." + info.module)
+        fn = _FUNCTIONS[name] = getattr(module, info.function)
+    return fn
+
+
+def handle(req):
+    return lookup(req.get("op"))(req)
+
+
+def _cleanup():
+    """A temporary copy of the code (no writable cache on this host) goes with the agent."""
+    if _ORIGIN.get("code") == "temporary":
+        import shutil
+        shutil.rmtree(_ORIGIN["agent_dir"], ignore_errors=True)
+
+
+def _watchdog(fds):
+    """Exit the moment the client is gone, even in the middle of a long operation.
+
+    sshd closes our pipes when the connection dies (client killed, network gone).
+    Between requests the loop below sees EOF at once, but an operation such as a
+    30 s stop grace would otherwise keep running, and keep holding the deploy lock,
+    for nobody. poll() with no events still reports POLLHUP/POLLERR.
+    """
+    p = select.poll()
+    for fd in fds:
+        p.register(fd, 0)
+    while True:
+        for _fd, ev in p.poll():
+            if ev & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                _cleanup()
+                os._exit(0)  # the flock goes with us; servers live on in their own sessions
+
+
+def _start_watchdog(stdin, stdout):
+    try:
+        fds = [stdin.fileno(), stdout.fileno()]
+    except (AttributeError, OSError, ValueError):  # in-memory streams (tests): nothing to watch
+        return
+    threading.Thread(target=_watchdog, args=(fds,), name="watchdog", daemon=True).start()
+
+
+def serve(stdin, stdout, greet=None):
+    """Answer JSON-line requests until stdin closes (or the client is gone: _watchdog).
+
+    greet: the bootstrap's facts about the code (agent_dir, code); the hello record
+    is then written first, unasked, which saves the client a round trip per start.
+    """
+    CONTEXT.clear()
+    _start_watchdog(stdin, stdout)
+    try:
+        if greet is not None:
+            _ORIGIN.update(greet)
+            if not _write(stdout, {"ok": True, "result": op_hello({})}):
+                return
+        for line in stdin:
+            if not _write(stdout, _answer(line)):
+                return
+    finally:
+        _cleanup()
+
+
+def _answer(line):
+    try:
+        return {"ok": True, "result": handle(json.loads(line))}
+    except HostError as e:
+        return {"ok": False, "error": str(e), "kind": e.kind, "data": e.data}
+    except Exception as e:  # report, never die mid-task
+        import traceback
+        return {"ok": False, "error": "%s: %s" % (type(e).__name__, e), "kind": "internal",
+                "data": {"traceback": traceback.format_exc()}}
+
+
+def _write(stdout, resp):
+    try:
+        stdout.write(json.dumps(resp).encode() + b"\n")
+        stdout.flush()
+        return True
+    except (BrokenPipeError, OSError):
+        return False

@@ -1,0 +1,350 @@
+"""Host side of `fab pull`: what a model directory holds, each received file verified.
+
+Ops (ops.py): weights_plan (which files are present and verified, which partial, free
+space, this host's address), weights_prepare, weights_grant / weights_revoke (the pull's
+own SSH key, authorised here only while the pull runs), weights_send (stream a verified
+file to another host over SSH) and weights_manifest. Bytes arrive through `receive()`,
+this very file run as a script (`python3 weights.py PULL_ID`): the controller runs it on
+its own SSH connection, another host reaches it as the forced command of the pull's key.
+It appends to `.NAME.llmfab-part` from the offset asked, checks size and sha256, and only
+then renames to NAME. A file counts as verified without re-hashing when its size, mtime
+and inode match what the last verification recorded (`.llmfab-verified.json`); `verify`
+re-hashes all. Standard library only, no package imports (it runs alone); Python >= 3.9.
+"""
+import errno
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+PART = ".llmfab-part"
+STAMPS = ".llmfab-verified.json"
+CHUNK = 1 << 20
+MARK = "llmfab-pull"                     # comment of every authorized_keys line a pull adds
+PULL_DIR = os.path.join("~", ".cache", "llmfab", "pull")
+SAFE = re.compile(r"^[A-Za-z0-9_./+-]+$")  # what may stand in an authorized_keys command=
+
+
+class PullError(Exception):
+    def __init__(self, message, kind="failed"):
+        super().__init__(message)
+        self.kind = kind
+
+
+def _host_error(message, kind):
+    try:
+        from ...transport.host.common import HostError
+    except ImportError:  # run as a script (receive): no package
+        return PullError(message, kind)
+    return HostError(message, kind=kind)
+
+
+def part_name(rel):
+    head, tail = os.path.split(rel)
+    return os.path.join(head, "." + tail + PART)
+
+
+def sha256_of(path, h=None, limit=None):
+    h = h or hashlib.sha256()
+    left = limit
+    with open(path, "rb") as f:
+        while left is None or left > 0:
+            data = f.read(CHUNK if left is None else min(CHUNK, left))
+            if not data:
+                break
+            h.update(data)
+            if left is not None:
+                left -= len(data)
+    return h.hexdigest()
+
+
+def _stamps(root):
+    try:
+        with open(os.path.join(root, STAMPS)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_stamps(root, stamps):
+    tmp = os.path.join(root, STAMPS + ".%d.tmp" % os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(stamps, f)
+    os.rename(tmp, os.path.join(root, STAMPS))
+
+
+def _stamp(st):
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _free(root):
+    d = root
+    while not os.path.isdir(d):
+        d = os.path.dirname(d) or "/"
+    st = os.statvfs(d)
+    return st.f_bavail * st.f_frsize
+
+
+def _address():
+    """(ip, port) this host was reached at over SSH (SSH_CONNECTION), or (None, None)."""
+    parts = os.environ.get("SSH_CONNECTION", "").split()
+    return (parts[2], int(parts[3])) if len(parts) == 4 else (None, None)
+
+
+def op_weights_plan(req):
+    """For each model dir in `dirs` [{path, files: [{path, size, sha256}]}]: per file `ok`
+    (present and verified), `part` (bytes of a partial file to resume from), `bad` (present,
+    wrong); `need` (bytes still to receive), `free` (bytes free there). `verify`: re-hash
+    every file. Also this host's SSH address and the files the receiver needs."""
+    verify = bool(req.get("verify"))
+    dirs = []
+    for d in req["dirs"]:
+        root = d["path"]
+        stamps = _stamps(root)
+        out, need = [], 0
+        for f in d["files"]:
+            full = os.path.join(root, f["path"])
+            rec = {"path": f["path"], "ok": False, "part": 0, "bad": False}
+            try:
+                st = os.stat(full)
+            except OSError:
+                st = None
+            if st is not None:
+                known = stamps.get(f["path"])
+                if not verify and known == [f["sha256"]] + _stamp(st):
+                    rec["ok"] = True
+                elif st.st_size == f["size"] and sha256_of(full) == f["sha256"]:
+                    rec["ok"] = True
+                    stamps[f["path"]] = [f["sha256"]] + _stamp(st)
+                else:
+                    rec["bad"] = True
+                    stamps.pop(f["path"], None)
+            if not rec["ok"]:
+                try:
+                    rec["part"] = min(os.path.getsize(os.path.join(root, part_name(f["path"]))),
+                                      f["size"])
+                except OSError:
+                    pass
+                need += f["size"] - rec["part"]
+            out.append(rec)
+        if os.path.isdir(root):
+            _save_stamps(root, stamps)
+        dirs.append({"path": root, "files": out, "need": need, "free": _free(root)})
+    ip, port = _address()
+    return {"dirs": dirs, "ip": ip, "port": port, "receiver": os.path.abspath(__file__)}
+
+
+def op_weights_prepare(req):
+    """Create each model directory and the subdirectories its files go in (`dirs`:
+    [{path, subdirs}]); install this file (the agent's own copy, as it was shipped) as the
+    receiver of pull `pull`; remove what an earlier pull left authorised (`revoke_stale`). -> `receiver`."""
+    try:
+        for d in req["dirs"]:
+            for sub in [""] + list(d.get("subdirs", ())):
+                os.makedirs(os.path.join(d["path"], sub), exist_ok=True)
+    except OSError as e:
+        raise _host_error("cannot create %s: %s" % (d["path"], e.strerror or e), "write_failed")
+    base = os.path.expanduser(PULL_DIR)
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    removed = _revoke(None)
+    receiver = os.path.join(base, "receive.py")
+    tmp = receiver + ".%d.tmp" % os.getpid()
+    with open(__file__, "rb") as src, open(tmp, "wb") as f:
+        f.write(src.read())
+    os.rename(tmp, receiver)
+    with open(os.path.join(base, req["pull"] + ".json"), "w") as f:
+        json.dump({"roots": [d["path"] for d in req["dirs"]]}, f)
+    return {"receiver": receiver, "stale_removed": removed}
+
+
+def _authorized_keys():
+    return os.path.expanduser(os.path.join("~", ".ssh", "authorized_keys"))
+
+
+def op_weights_grant(req):
+    """Authorise the pull's public key `public` here for hosts `sources` (IPs) only, as the
+    forced command `python receive.py PULL` (no pty, no forwarding), expiring at `expiry`
+    (UTC, YYYYMMDDHHMM); and keep its private key `private` here to feed other hosts."""
+    pull = req["pull"]
+    receiver = os.path.join(os.path.expanduser(PULL_DIR), "receive.py")
+    for value in [sys.executable, receiver, pull] + list(req["sources"]):
+        if not SAFE.match(value):
+            raise _host_error("cannot authorise the pull's key: %r holds characters an "
+                              "authorized_keys command may not" % value, "bad_input")
+    opts = ('from="%s",command="%s -S %s %s",no-pty,no-port-forwarding,no-agent-forwarding,'
+            'no-X11-forwarding,no-user-rc,expiry-time="%sZ"'
+            % (",".join(req["sources"]), sys.executable, receiver, pull, req["expiry"]))
+    line = "%s %s %s:%s\n" % (opts, req["public"].strip(), MARK, pull)
+    path = _authorized_keys()
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(line)
+    key = os.path.join(os.path.expanduser(PULL_DIR), pull + ".key")
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(req["private"])
+    kh = os.path.join(os.path.expanduser(PULL_DIR), pull + ".known_hosts")
+    with open(kh, "w") as f:
+        f.write("".join(l + "\n" for l in req["known_hosts"]))
+    return {"key": key, "known_hosts": kh}
+
+
+def _revoke(pull):
+    """Remove the authorized_keys lines of pull `pull` (None: of every pull) and its key
+    files; -> how many lines went."""
+    path = _authorized_keys()
+    removed = 0
+    try:
+        with open(path) as f:
+            lines = f.readlines()
+    except OSError:
+        lines = None
+    if lines is not None:
+        def ours(l):
+            tail = l.rstrip("\n").rsplit(" ", 1)[-1]
+            return tail.startswith(MARK + ":") and (pull is None or tail == MARK + ":" + pull)
+        keep = [l for l in lines if not ours(l)]
+        removed = len(lines) - len(keep)
+        if removed:
+            tmp = path + ".llmfab.tmp"
+            with open(tmp, "w") as f:
+                f.writelines(keep)
+            os.chmod(tmp, os.stat(path).st_mode & 0o777)
+            os.rename(tmp, path)
+    base = os.path.expanduser(PULL_DIR)
+    try:
+        names = os.listdir(base)
+    except OSError:
+        names = []
+    for name in names:
+        if name.endswith((".key", ".known_hosts", ".json")) and (
+                pull is None or name.split(".")[0] == pull):
+            try:
+                os.unlink(os.path.join(base, name))
+            except OSError:
+                pass
+    return removed
+
+
+def op_weights_revoke(req):
+    """Remove what pull `pull` authorised here (None: every pull's): -> `removed` lines."""
+    return {"removed": _revoke(req.get("pull"))}
+
+
+def op_weights_send(req):
+    """Stream file `rel` of `root` from byte `offset` to host `peer` {ip, port, user} with
+    the pull's key, into its receiver; -> the receiver's answer and the seconds taken."""
+    base = os.path.expanduser(PULL_DIR)
+    pull, peer = req["pull"], req["peer"]
+    order = json.dumps({"root": req["root"], "file": req["file"], "offset": req["offset"]},
+                       separators=(",", ":"), sort_keys=True)
+    argv = ["ssh", "-F", "/dev/null", "-i", os.path.join(base, pull + ".key"),
+            "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", "UserKnownHostsFile=" + os.path.join(base, pull + ".known_hosts"),
+            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10",
+            "-o", "ServerAliveInterval=15", "-p", str(peer["port"]), "-l", peer["user"],
+            peer["ip"], order]
+    start = time.monotonic()
+    with open(os.path.join(req["root"], req["file"]["path"]), "rb") as f:
+        f.seek(req["offset"])
+        try:
+            p = subprocess.run(argv, stdin=f, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except OSError as e:
+            raise _host_error("cannot run ssh here: %s" % (e.strerror or e), "failed")
+    seconds = time.monotonic() - start
+    try:
+        answer = json.loads(p.stdout.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        err = p.stderr.decode("utf-8", "replace").strip()[-400:]
+        answer = {"ok": False, "bytes": 0, "reason": "ssh to %s exited %d: %s"
+                  % (peer["ip"], p.returncode, err or "no answer")}
+    answer["seconds"] = seconds
+    return answer
+
+
+def op_weights_manifest(req):
+    """manifest.json beside the weights: source, commit, files (path, size, sha256)."""
+    data = {"source": req["source"], "commit": req.get("commit"), "files": req["files"],
+            "pulled_by": "llmfab"}
+    tmp = os.path.join(req["path"], "manifest.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.rename(tmp, os.path.join(req["path"], "manifest.json"))
+    return {"ok": True}
+
+
+# -- the receiver (this file run as a script) ---------------------------------------------
+
+def _allowed_roots(pull):
+    with open(os.path.join(os.path.expanduser(PULL_DIR), pull + ".json")) as f:
+        return json.load(f)["roots"]
+
+
+def receive(pull, order, stdin):
+    """Receive one file of pull `pull`: `order` {root, file: {path, size, sha256}, offset};
+    the bytes from `offset` on come on `stdin`. -> {ok, bytes, reason}."""
+    root, f, offset = order["root"], order["file"], int(order["offset"])
+    rel = f["path"]
+    if root not in _allowed_roots(pull) or rel.startswith("/") or ".." in rel.split("/"):
+        return {"ok": False, "bytes": 0, "reason": "refused: %s/%s is not this pull's" % (root, rel)}
+    part = os.path.join(root, part_name(rel))
+    h = hashlib.sha256()
+    got = 0
+    try:
+        fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+        with os.fdopen(fd, "r+b") as out:
+            have = os.fstat(out.fileno()).st_size
+            if offset > min(have, f["size"]):
+                offset = 0
+            if offset:
+                sha256_of(part, h, limit=offset)
+            out.truncate(offset)
+            out.seek(offset)
+            left = f["size"] - offset
+            while left > 0:
+                data = stdin.read(min(CHUNK, left))
+                if not data:
+                    break
+                out.write(data)
+                h.update(data)
+                got += len(data)
+                left -= len(data)
+            out.flush()
+            os.fsync(out.fileno())
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return {"ok": False, "bytes": got, "kind": "disk_full",
+                    "reason": "disk full writing %s after %d bytes (%d bytes free there)"
+                              % (part, got, _free(root))}
+        return {"ok": False, "bytes": got, "reason": "cannot write %s: %s" % (part, e.strerror or e)}
+    size = offset + got
+    if size != f["size"]:
+        return {"ok": False, "bytes": got, "reason": "got %d of %d bytes" % (size, f["size"])}
+    if h.hexdigest() != f["sha256"]:
+        os.unlink(part)
+        return {"ok": False, "bytes": got, "kind": "corrupt",
+                "reason": "sha256 %s, expected %s" % (h.hexdigest(), f["sha256"])}
+    final = os.path.join(root, rel)
+    os.rename(part, final)
+    stamps = _stamps(root)
+    stamps[rel] = [f["sha256"]] + _stamp(os.stat(final))
+    _save_stamps(root, stamps)
+    return {"ok": True, "bytes": got}
+
+
+def main(argv):
+    pull = argv[1]
+    order = os.environ.get("SSH_ORIGINAL_COMMAND") if len(argv) < 3 else argv[2]
+    try:
+        answer = receive(pull, json.loads(order), sys.stdin.buffer)
+    except Exception as e:  # one line the sender reads, whatever went wrong
+        answer = {"ok": False, "bytes": 0, "reason": "%s: %s" % (type(e).__name__, e)}
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0 if answer["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
