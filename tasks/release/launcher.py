@@ -79,6 +79,40 @@ def _environment(here):
     return env
 
 
+{reaper}
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = _environment(here)
+    read_fd, write_fd = os.pipe()
+    reaper = os.fork()
+    if reaper == 0:
+        os.close(read_fd)
+        _reaper(here, env, write_fd)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as r:
+        report = json.loads(r.read() or b'{{"error": "launcher child died"}}')
+    if "error" in report:
+        print(json.dumps(report))
+        return 1
+    record = {{
+        "pid": report["pid"],
+        "pgid": reaper,
+        "started_at": _now(),
+        "release": os.path.basename(here),
+        "port": PORT,
+    }}
+    _write_json(os.path.join(os.path.dirname(os.path.dirname(here)), "server.json"), record)
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+# launch.py's reaper: one of these two is its {reaper} (the plain one, or [supervise]'s).
+PLAIN_REAPER = '''\
 def _reaper(here, env, report_fd):
     """Child: lead a new session, start the server in it, record how it ended."""
     os.setsid()
@@ -110,35 +144,6 @@ def _reaper(here, env, report_fd):
     _write_json(os.path.join(here, "exit.json"), {{"returncode": status, "ended_at": _now()}})
     os._exit(0)
 
-
-def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    env = _environment(here)
-    read_fd, write_fd = os.pipe()
-    reaper = os.fork()
-    if reaper == 0:
-        os.close(read_fd)
-        _reaper(here, env, write_fd)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as r:
-        report = json.loads(r.read() or b'{{"error": "launcher child died"}}')
-    if "error" in report:
-        print(json.dumps(report))
-        return 1
-    record = {{
-        "pid": report["pid"],
-        "pgid": reaper,
-        "started_at": _now(),
-        "release": os.path.basename(here),
-        "port": PORT,
-    }}
-    _write_json(os.path.join(os.path.dirname(os.path.dirname(here)), "server.json"), record)
-    print(json.dumps(record))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 '''
 
 
@@ -202,11 +207,11 @@ def supervisor_files(profile: Profile):
         + modules
 
 
-def _supervised(text, profile):
-    """launch.py with the plain reaper replaced by the supervised one."""
-    start, end = text.index("def _reaper("), text.index("\n\ndef main():")
-    reaper = SUPERVISED_REAPER.format(supervise=_literal(supervise_config(profile)))
-    return text[:start] + reaper + "\n" + text[end + 1:]
+def _reaper(profile):
+    """launch.py's reaper: the supervised one when [supervise] is on, else the plain one."""
+    if profile.supervise.on:
+        return SUPERVISED_REAPER.format(supervise=_literal(supervise_config(profile))) + "\n"
+    return PLAIN_REAPER.format()
 
 
 def _literal(value):
@@ -232,7 +237,7 @@ def render_launcher(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None) 
     tasks/startup/estimate.py). Deterministic: golden-tested."""
     from ..startup.estimate import cache_env
     from ..weights.sources import offline_env
-    text = TEMPLATE.format(
+    return TEMPLATE.format(
         cache_env=_literal(cache_env(profile, engine_version)),
         name="'%s'" % _in_docstring(profile.target.name),
         profile_name=_in_docstring(profile.path.name),
@@ -241,8 +246,8 @@ def render_launcher(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None) 
         env=_literal(dict(profile.plain_env(), **offline_env(profile))),
         secret_names=_literal(sorted(profile.secrets)),
         port=profile.server.port,
+        reaper=_reaper(profile),
     )
-    return _supervised(text, profile) if profile.supervise.on else text
 
 
 def render_secrets(profile: Profile) -> bytes:
