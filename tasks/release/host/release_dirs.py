@@ -17,13 +17,13 @@ def op_new_release(req):
     """Create releases/<UTC stamp>[-N] (0700) and return its absolute path.
 
     `files` ([[name, mode, base64 data]]): written into it in the same request (deploy's
-    launch.py, argv.json, profile.toml...; a name may hold one folder, as the supervisor's
-    llmfab_host/*.py do); if one cannot be, the new release is removed again and nothing is
+    launch.py, argv.json, profile.toml...; a name may hold folders, as the supervisor's
+    llmfab_host/<capability>/host/*.py do); if one cannot be, the new release is removed again and nothing is
     left half-written."""
     files = req.get("files") or []
     for name, _mode, _data in files:
         parts = name.split("/") if isinstance(name, str) else ()
-        if not 1 <= len(parts) <= 2 or any(p in ("", ".", "..") for p in parts):
+        if not parts or any(p in ("", ".", "..") for p in parts):
             raise HostError("not a file name for a release: %r" % (name,), kind="internal")
     out = _new_release_dir(req)
     if files:
@@ -32,7 +32,7 @@ def op_new_release(req):
         try:
             for name, mode, data in files:
                 if "/" in name:
-                    os.makedirs(os.path.join(out["path"], name.split("/")[0]), 0o700, exist_ok=True)
+                    os.makedirs(os.path.join(out["path"], name.rsplit("/", 1)[0]), 0o700, exist_ok=True)
                 write_file(os.path.join(out["path"], name), a2b_base64(data), mode)
         except BaseException:
             remove_tree(out["path"])
