@@ -80,6 +80,10 @@ def _token(w):
     return w.token.value
 
 
+def _size(n):
+    return f"{n} bytes" if n < (1 << 20) else f"{n / (1 << 20):.1f} MiB"
+
+
 def git_blob_id(path):
     """The git object id of a file (sha1 of "blob <size>\\0" + bytes): a small file's id."""
     h = hashlib.sha1()
@@ -125,8 +129,8 @@ def list_files(w, line):
             if secs is not None:
                 size = os.path.getsize(blob)
                 took += size
-                line(f"{s.rfilename} ({size / (1 << 20):.1f} MiB) fetched from the hub in "
-                     f"{secs:.1f} s ({size / max(secs, 1e-6) / 1e6:.0f} MB/s)")
+                rate = f", {size / max(secs, 1e-6) / 1e6:.0f} MB/s" if size >= (1 << 20) else ""
+                line(f"{s.rfilename} ({_size(size)}) fetched from the hub in {secs:.1f} s{rate}")
             fetched.append((s, blob))
     if not took:
         line(f"{w.source}: every file already in this machine's hub cache")
