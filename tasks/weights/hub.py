@@ -13,6 +13,7 @@ naming the file. The token ([weights] HF_TOKEN) goes to the client in-process (t
 never on argv or in output.
 """
 import hashlib
+import importlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -35,10 +36,22 @@ def _client():
     return huggingface_hub
 
 
+def _network_errors():
+    """The client's HTTP library's connection errors (httpx2 in huggingface_hub 2.x, httpx
+    in 1.x), plus the builtin ones."""
+    found = [ConnectionError, TimeoutError]
+    for name in ("httpx2", "httpx"):
+        try:
+            m = importlib.import_module(name)
+            found += [m.ConnectError, m.TimeoutException, m.RemoteProtocolError]
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
 def _errors(hh):
     """(exception class, exit-1 words: what is wrong and what to do), first match wins."""
     e = hh.errors
-    import httpx2
     return (
         (e.GatedRepoError, "is a gated repo: accept its conditions on the hub with your account, "
                            'then set [weights] HF_TOKEN = { from_env = "HF_TOKEN" } to a token of it'),
@@ -47,13 +60,13 @@ def _errors(hh):
                                     '{ from_env = "HF_TOKEN" } to a token that can'),
         (e.RevisionNotFoundError, "no such revision in the repo: give a branch, tag or commit "
                                   "that exists after @ (none means main)"),
-        (e.RemoteEntryNotFoundError, "a file the repo lists at this commit is not served: pull again"),
+        (getattr(e, "RemoteEntryNotFoundError", e.EntryNotFoundError),
+         "a file the repo lists at this commit is not served: pull again"),
         (e.OfflineModeIsEnabled, "HF_HUB_OFFLINE is set on this machine: unset it to pull"),
         (e.HfHubHTTPError, "the hub refused: check [weights] HF_TOKEN (a valid token with read "
                            "access) or try again later"),
-        ((httpx2.ConnectError, httpx2.TimeoutException, httpx2.RemoteProtocolError),
-         "cannot reach the hub (HF_ENDPOINT or the default): check the network, then pull again "
-         "(a partial download resumes)"),
+        (_network_errors(), "cannot reach the hub (HF_ENDPOINT or the default): check the "
+                            "network, then pull again (a partial download resumes)"),
     )
 
 

@@ -118,6 +118,7 @@ def test_a_corrupted_download_is_refused_by_its_lfs_sha256_and_fetched_again_nex
     ("hf://org/missing", None, {}, 1, "no such repo on the hub, or a private one"),
     ("hf://org/model", "default", {"LAB_HUB_TOKEN": "hf_wrongToken"}, 1, "the hub refused: check [weights] HF_TOKEN"),
     ("hf://org/model", "default", {"LAB_HUB_TOKEN": None}, 2, "weights.HF_TOKEN: reads $LAB_HUB_TOKEN"),
+    ("hf://org/model", "default", {"HF_ENDPOINT": "http://127.0.0.1:1"}, 1, "cannot reach the hub"),
 ])
 def test_what_the_hub_refuses_is_an_exit_code_naming_the_key_and_the_source(lab, hub, source, token, env, code,
                                                                              words):
