@@ -47,8 +47,12 @@ def shipped(tree):
 
 
 def commit(tree):
-    r = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
-    return r.stdout.strip()[:60] or str(tree)
+    """The last commit of the tree's tasks/ (what runs), '+' if tasks/ has uncommitted edits."""
+    git = ["git", "-C", str(tree)]
+    last = subprocess.run(git + ["log", "-1", "--format=%h", "--", "tasks"], capture_output=True, text=True)
+    dirty = subprocess.run(git + ["status", "--porcelain", "--", "tasks"], capture_output=True, text=True)
+    return (last.stdout.strip() + ("+" if dirty.stdout.strip() else "")) if last.returncode == 0 \
+        else os.path.basename(os.path.abspath(tree))
 
 
 def walls(runs):
@@ -67,7 +71,7 @@ def judge(results):
 
 def render(data):
     res = data["results"]
-    out = ["Speed guard, %s: llmfab at `%s`; %d measured repetitions after a warm-up, hosts without "
+    out = ["Speed guard, %s: llmfab's tasks/ at `%s`; %d measured repetitions after a warm-up, hosts without "
            "~/.bashrc; load average (1 min) %.2f at the start, %.2f at the end; %.0f s in all." % (
                data["when"], data["commit"], data["reps"], data["load"][0], data["load"][1],
                data["duration_s"]), ""]
@@ -79,7 +83,7 @@ def render(data):
                      "<= %.1fx" % BARS[n], "**met**" if met else "**missed**"])
         if data.get("before"):
             old = spread(walls(res[(n, "llmfab-before")]))
-            rows.append([n, "", "before, `%s`: %s" % (data["before"][:7], fmt_spread(walls(res[(n, "llmfab-before")]))),
+            rows.append([n, "", "before, `%s`: %s" % (data["before"][:24], fmt_spread(walls(res[(n, "llmfab-before")]))),
                          "%.2fx" % (old[0] / fab[0]) if old and fab else "n/a",
                          fmt_spread(paired_ratios(res, (n, "llmfab-before"), (n, "fabric")), unit="x"), "", ""])
     out.append(md_table(["hosts", "Fabric s: median (min-max)", "llmfab s: median (min-max)",
