@@ -4,7 +4,7 @@ import json
 import os
 
 from . import gpu
-from .common import cmdline, expand, fd_targets, pid_alive, pids, read_exit
+from .common import cmdline, error_words, expand, fd_targets, pid_alive, pids, read_exit
 
 LOG_CHUNK = 256 * 1024
 # [server] host values that mean every interface: anyone who reaches the host reaches the
@@ -26,8 +26,7 @@ def http_get(port, path, host="127.0.0.1", timeout=2.0, headers=None):
     except urllib.error.HTTPError as e:
         return e.code, e.read(1 << 16) if e.fp else b""
     except (OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        return None, str(reason).encode()
+        return None, error_words(e).encode()
 
 
 def probe_host(server_host):
