@@ -10,6 +10,8 @@ through the project's `fabric.json` (`tasks.executor_class`), `llmfab` directly
 from fabric.executor import Executor
 from invoke.executor import Executor as InvokeExecutor
 
+from ..interrupts import INTERRUPTED_EARLY, task_begins
+
 
 class FanoutExecutor(Executor):
     def expand_calls(self, calls, apply_hosts=True):
@@ -51,6 +53,7 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab"):
     def execute_130():
         # Invoke turns a KeyboardInterrupt into exit 1; a task's own Ctrl-C is 130 (tasks/cli.py
         # _boundary, tasks/interrupts.py), and so is one between parsing and the task body.
+        task_begins()
         try:
             return execute()
         except KeyboardInterrupt:
@@ -60,5 +63,3 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab"):
     program.execute = execute_130
     program._llmfab_wrapped = True
 
-
-INTERRUPTED_EARLY = "interrupted (Ctrl-C): nothing was done on any host"
