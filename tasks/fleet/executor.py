@@ -22,7 +22,8 @@ class FanoutExecutor(Executor):
 
 
 def exit_2_on_bad_arguments(program=None, *, binary="fab"):
-    """Make the program exit 2 (bad input) on unknown flags and bad flag values, as docs/reference/cli.md says.
+    """Make the program exit 2 (bad input) on unknown flags and bad flag values, as docs/reference/cli.md says,
+    130 on a Ctrl-C before a task's body, and show each flag's value type in `--help TASK`.
 
     Invoke turns a ParseError into exit 1 and lets a failed int() cast escape as a
     traceback. Task arguments are parsed after the fabfile is imported, so wrapping
@@ -59,6 +60,14 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab"):
         except KeyboardInterrupt:
             raise Exit(INTERRUPTED_EARLY, code=130) from None
 
+    def make_parser():
+        # the task contexts whose help shows each flag's value and default (tasks/cli.py _TaskHelp)
+        from invoke.parser import Parser
+        from ..cli import task_contexts
+        return Parser(initial=program.initial_context,
+                      contexts=task_contexts(program.collection, program.config.tasks.ignore_unknown_help))
+
+    program._make_parser = make_parser
     program.parse_tasks = parse_tasks
     program.execute = execute_130
     program._llmfab_wrapped = True
