@@ -1,6 +1,7 @@
 """`fab pull`: the weights the profile's `[weights]` names, onto every host, verified.
 
-1. The source's files are listed with size and sha256 (tasks/weights/local.py).
+1. The source's files are listed with size and sha256 (tasks/weights/local.py); a hub
+   source is first fetched onto this machine at one commit and verified (tasks/weights/hub.py).
 2. Each host says what it holds (op weights_plan: verified, partial, wrong, free space);
    a host short of space fails alone (exit 1, naming the bytes), the others go on.
 3. The copies (tasks/weights/schedule.py): this machine sends each file about once, and
@@ -30,6 +31,7 @@ from ..fleet.runner import host_kwargs, hosts_for, load
 from ..hostside.common import error_words
 from ..output import Reporter, report_error
 from ..transport.agent import Host
+from . import hub
 from .local import list_files
 from .schedule import SOURCE, Fanout
 
@@ -63,14 +65,18 @@ def pull(c, opts):
     profile = load(c, opts.profile)
     if not profile.weights:
         raise UsageError(f"{profile.sources[0] if profile.sources else 'the profile'}: no [weights] "
-                         "table: add `\"<model path on the host>\" = \"local:/dir/here\"` under [weights]")
-    dirs = []
-    for w in profile.weights:
-        dirs.append({"path": w.path, "source": w.source, "commit": None,
-                     "files": list_files(w.source, w.local)})
-    files = {(d["path"], f["path"]): f for d in dirs for f in d["files"]}
+                         "table: add `\"<model path on the host>\" = \"hf://ORG/NAME@REV\"` (or \"local:/dir/here\") "
+                         "under [weights]")
     names = hosts_for(c, profile)
     reporter = Reporter(names, json_mode=opts.json)
+    dirs = []
+    for w in profile.weights:
+        if w.hub:
+            commit, listed = hub.list_files(w, lambda text: reporter.line("", text))
+        else:
+            commit, listed = None, list_files(w.source, w.local)
+        dirs.append({"path": w.path, "source": w.source, "commit": commit, "files": listed})
+    files = {(d["path"], f["path"]): f for d in dirs for f in d["files"]}
     for d in dirs:
         reporter.line("", f"{d['source']}: {len(d['files'])} files, "
                           f"{_mib(sum(f['size'] for f in d['files']))} -> {d['path']}")
