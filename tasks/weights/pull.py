@@ -28,6 +28,7 @@ from pathlib import Path
 from ..errors import ExitCode, LlmfabError, OperationFailed, TaskFailed, UsageError
 from ..fleet.fanout import HostResult, emit_missing, error_record, summarize, worst
 from ..fleet.runner import host_kwargs, hosts_for, load
+from ..hostside.common import error_words
 from ..output import Reporter, report_error
 from ..transport.agent import Host
 from . import hub
@@ -303,7 +304,7 @@ def _one_copy(done, states, sender, host, key, offset, f, pull_id):
     except LlmfabError as e:
         answer = {"ok": False, "bytes": 0, "reason": e.message, "kind": "host" if sender is SOURCE else None}
     except Exception as e:  # a copy's own failure stays with its host
-        answer = {"ok": False, "bytes": 0, "reason": f"{type(e).__name__}: {e}"}
+        answer = {"ok": False, "bytes": 0, "reason": error_words(e)}
     done.put((sender, host, key, offset, answer))
 
 
@@ -335,7 +336,7 @@ def _from_here(st, order, local, pull_id):
                     out = b"".join(iter(lambda: chan.recv(65536), b""))
                 except OSError:
                     out = b""
-                rc, err = -1, str(e).encode()
+                rc, err = -1, error_words(e).encode()
             finally:
                 chan.close()
     try:
