@@ -1,18 +1,19 @@
 """`fab pull` of `hf://ORG/NAME@REV` sources (issue 30) onto 3 lab hosts, the real
 huggingface_hub client reading the hub stand-in on loopback (tests/standins/hub.py,
 HF_ENDPOINT): the commit recorded, the hub read once, a re-pull sending nothing, a corrupted
-download refused by its LFS sha256, refusals (revision, repo, token) as exit codes, and the
-token reaching the hub as a Bearer header and nowhere else.
+download refused by its LFS sha256, Ctrl-C mid-download, refusals (revision, repo, token,
+network) as exit codes, and the token reaching the hub as a Bearer header and nowhere else.
 """
 import hashlib
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
-from helpers import fab, write_profile
-from hostlab import HostLab
+from helpers import Background, fab, write_profile
+from hostlab import HostLab, wait_for
 from standins.hub import HubStandIn
 
 HOSTS = ["h1", "h2", "h3"]
@@ -42,6 +43,7 @@ def hub(lab):
         h.files = model_files("a")
         h.commit = h.add("org/model", h.files, token=TOKEN)
         h.add("org/other", model_files("b"), token=TOKEN)
+        h.add("org/slow", {"config.json": b"{}", "model.safetensors": os.urandom(12 << 20)}, token=TOKEN)
         h.env = {"HF_ENDPOINT": h.endpoint, "HF_HOME": str(Path(lab.root) / "hf-home"),
                  "LAB_HUB_TOKEN": TOKEN, "HF_HUB_DISABLE_TELEMETRY": "1"}
         yield h
@@ -111,6 +113,34 @@ def test_a_corrupted_download_is_refused_by_its_lfs_sha256_and_fetched_again_nex
     r = fab(lab, "-H", "h1", "pull", "--json", profile=p, env=hub.env)
     assert objects(r.stdout)["h1"]["ok"] is True
     assert f"{shard} (3.0 MiB) fetched from the hub in " in r.stderr  # the bad copy was not kept
+
+
+def test_ctrl_c_mid_download_exits_at_once_and_a_killed_downloads_leftover_goes(lab, hub):
+    p = profile(lab, "hub-slow", "hf://org/slow")
+    blobs = Path(hub.env["HF_HOME"]) / "hub" / "models--org--slow" / "blobs"
+    shard = hashlib.sha256(hub.repos["org/slow"].files["model.safetensors"]).hexdigest()
+
+    def partial():  # the client writes what it receives in 10 MiB pieces
+        return next((f for f in blobs.glob("*.incomplete") if f.stat().st_size >= 10 << 20), None)
+
+    hub.fast, hub.rate = 10 << 20, 256 << 10  # its last 2 MiB take 8 s: Ctrl-C and kill -9 land midway
+    leftovers = []
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        bg = Background(lab, "-H", "h1", "pull", profile=p, env=hub.env)
+        try:
+            leftovers.append(wait_for(partial, 60, "a partial download in this machine's hub cache"))
+            bg.proc.send_signal(sig)
+            code = bg.finish()
+        finally:
+            bg.close()
+        if sig == signal.SIGINT:  # at once, not once the shard is in (the download threads)
+            assert code == 130 and "interrupted (Ctrl-C) while fetching from the hub" in bg.text, bg.text
+        assert not (blobs / shard).exists()
+    assert all(f.exists() for f in leftovers)  # huggingface_hub 2.x leaves them, never resumes them
+    hub.rate = None
+    r = fab(lab, "-H", "h1", "pull", "--json", profile=p, env=hub.env)
+    assert objects(r.stdout)["h1"]["ok"] is True and (blobs / shard).exists()
+    assert not any(f.exists() for f in leftovers)  # the next pull removed them
 
 
 @pytest.mark.parametrize("source, token, env, code, words", [
