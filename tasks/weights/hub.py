@@ -115,9 +115,10 @@ def git_blob_id(path):
     return h.hexdigest()
 
 
-def list_files(w, line):
+def list_files(w, line, verify=False):
     """-> (commit, [{path, size, sha256, local}]) for the hf:// source `w`, every file fetched
-    here and verified; `line(text)` reports progress. OperationFailed (exit 1) naming the
+    here and verified (`verify`: the copies already in the cache hashed again too);
+    `line(text)` reports progress. OperationFailed (exit 1) naming the
     [weights] key and source for what the hub refuses or a file that does not verify."""
     hh = _client()
     token = _token(w)
@@ -166,7 +167,7 @@ def list_files(w, line):
     pool.shutdown()
     if not took:
         line(f"{w.source}: every file already in this machine's hub cache")
-    files = hash_files([(s.rfilename, blob) for s, blob in fetched])
+    files = hash_files([(s.rfilename, blob) for s, blob in fetched], fresh=verify)
     for (s, blob), f in zip(fetched, files):
         bad = _mismatch(s, blob, f)
         if bad:

@@ -73,7 +73,7 @@ def pull(c, opts):
     try:
         for w in profile.weights:
             if w.hub:
-                commit, listed = hub.list_files(w, lambda text: reporter.line("", text))
+                commit, listed = hub.list_files(w, lambda text: reporter.line("", text), opts.verify)
             else:
                 commit, listed = None, list_files(w.source, w.local)
             dirs.append({"path": w.path, "source": w.source, "commit": commit, "files": listed})

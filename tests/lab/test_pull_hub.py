@@ -108,11 +108,28 @@ def test_a_corrupted_download_is_refused_by_its_lfs_sha256_and_fetched_again_nex
     assert f'[weights] "{MODEL}": hf://org/other: {shard}: sha256 ' in text, text
     assert "the hub's LFS sha256 is" in text and "Traceback" not in text
     for h in HOSTS:  # nothing went to the hosts from a source that did not verify
-        assert json.loads(on_host(lab, h, "manifest.json").read_text())["source"] == "hf://org/model@main"
+        m = on_host(lab, h, "manifest.json")
+        assert not m.exists() or json.loads(m.read_text())["source"] != "hf://org/other"
     hub.repos["org/other"].corrupted.clear()
     r = fab(lab, "-H", "h1", "pull", "--json", profile=p, env=hub.env)
     assert objects(r.stdout)["h1"]["ok"] is True
     assert f"{shard} (3.0 MiB) fetched from the hub in " in r.stderr  # the bad copy was not kept
+
+    # A copy gone bad in this machine's cache, size and mtime unchanged: --verify hashes it again.
+    blob = Path(hub.env["HF_HOME"]) / "hub" / "models--org--other" / "blobs" / hashlib.sha256(
+        hub.repos["org/other"].files[shard]).hexdigest()
+    st = blob.stat()
+    with open(blob, "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fab(lab, "-H", "h1", "pull", profile=p, env=hub.env)  # trusted by its size and mtime
+    r = fab(lab, "-H", "h1", "pull", "--verify", profile=p, env=hub.env, code=1)
+    assert f"{shard}: sha256 " in r.stderr and "the hub's LFS sha256 is" in r.stderr, r.stderr
+    r = fab(lab, "-H", "h1", "pull", profile=p, env=hub.env)
+    assert f"{shard} (3.0 MiB) fetched from the hub in " in r.stdout  # the bad copy was not kept
 
 
 def test_ctrl_c_mid_download_exits_at_once_and_a_killed_downloads_leftover_goes(lab, hub):
