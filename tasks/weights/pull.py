@@ -70,12 +70,18 @@ def pull(c, opts):
     names = hosts_for(c, profile)
     reporter = Reporter(names, json_mode=opts.json)
     dirs = []
-    for w in profile.weights:
-        if w.hub:
-            commit, listed = hub.list_files(w, lambda text: reporter.line("", text))
-        else:
-            commit, listed = None, list_files(w.source, w.local)
-        dirs.append({"path": w.path, "source": w.source, "commit": commit, "files": listed})
+    try:
+        for w in profile.weights:
+            if w.hub:
+                commit, listed = hub.list_files(w, lambda text: reporter.line("", text))
+            else:
+                commit, listed = None, list_files(w.source, w.local)
+            dirs.append({"path": w.path, "source": w.source, "commit": commit, "files": listed})
+    except OperationFailed as e:  # the hub refused or a file did not verify: no host gets it
+        if opts.json:  # one object per host, as always; the message once, on stderr
+            for n in names:
+                reporter.emit_json(error_record(n, e))
+        raise
     files = {(d["path"], f["path"]): f for d in dirs for f in d["files"]}
     for d in dirs:
         reporter.line("", f"{d['source']}: {len(d['files'])} files, "

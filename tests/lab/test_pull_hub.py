@@ -155,9 +155,12 @@ def test_what_the_hub_refuses_is_an_exit_code_naming_the_key_and_the_source(lab,
     p = profile(lab, "hub-refused", source, **({} if token else {"token": None}))
     assert "LAB_HUB_TOKEN" not in os.environ  # fab's environment is os.environ + `full`
     full = {k: v for k, v in dict(hub.env, **env).items() if v is not None}
-    r = fab(lab, "pull", profile=p, env=full, code=code)
-    text = " ".join((r.stdout + r.stderr).split())
+    r = fab(lab, "pull", "--json", profile=p, env=full, code=code)
+    text = " ".join(r.stderr.split())
     assert words in text, text
     if code == 1:
         assert f'[weights] "{MODEL}": {source}: ' in text
+        out = objects(r.stdout)  # every host's pull failed: one object each
+        assert set(out) == set(HOSTS) and all(o["ok"] is False and o["code"] == 1 and words in o["error"]
+                                              for o in out.values()), out
     assert "Traceback" not in text and TOKEN not in text and "hf_wrongToken" not in text
