@@ -206,8 +206,10 @@ def _grant(states, senders, pull_id, reporter, granted):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llmfab-pull",
                             "-f", key], check=True, stdin=subprocess.DEVNULL, capture_output=True)
         except (OSError, subprocess.CalledProcessError) as e:
-            reporter.line("", f"cannot make the pull's SSH key ({e}); every host gets the files "
-                              "from here")
+            why = (error_words(e) if isinstance(e, OSError) else
+                   (e.stderr or b"").decode("utf-8", "replace").strip() or f"exit status {e.returncode}")
+            reporter.line("", f"cannot make the pull's SSH key (ssh-keygen: {why}); every host gets "
+                              "the files from here")
             return
         private, public = Path(key).read_text(), Path(key + ".pub").read_text().split()
     expiry = (datetime.now(timezone.utc) + KEY_LIFETIME).strftime("%Y%m%d%H%M")

@@ -89,3 +89,19 @@ def test_status_line_of_a_server_whose_health_does_not_answer_names_no_python_va
                     "health: no answer (connection refused)") and human(head), head
     rec.update(health=200, served_name=["a", "b"])
     assert render(Status(rec))[0].endswith("port 8000, health 200, models a, b")
+
+
+def test_pull_without_ssh_keygen_says_so_in_words(tmp_path, monkeypatch):
+    """No ssh-keygen on this machine (an empty PATH): the pull's line names the program and
+    'no such file or directory', not Python's FileNotFoundError text."""
+    import io
+
+    from tasks.output import Reporter
+    from tasks.weights import pull
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    out = io.StringIO()
+    pull._grant({}, [], "p1", Reporter(stream=out), {})
+    line = out.getvalue().strip()
+    assert line == ("cannot make the pull's SSH key (ssh-keygen: no such file or directory); "
+                    "every host gets the files from here"), line
