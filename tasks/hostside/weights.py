@@ -340,13 +340,20 @@ def receive(pull, order, stdin):
     return {"ok": True, "bytes": got}
 
 
+def _words(e):
+    """An error in words, as common.error_words puts it (this file runs alone: no imports)."""
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror[:1].lower() + e.strerror[1:]
+    return str(e) or type(e).__name__
+
+
 def main(argv):
     pull = argv[1]
     order = os.environ.get("SSH_ORIGINAL_COMMAND") if len(argv) < 3 else argv[2]
     try:
         answer = receive(pull, json.loads(order), sys.stdin.buffer)
     except Exception as e:  # one line the sender reads, whatever went wrong
-        answer = {"ok": False, "bytes": 0, "reason": "%s: %s" % (type(e).__name__, e)}
+        answer = {"ok": False, "bytes": 0, "reason": _words(e)}
     sys.stdout.write(json.dumps(answer) + "\n")
     return 0 if answer["ok"] else 1
 

@@ -27,7 +27,7 @@ TOP_KEYS = table(
     Key("supervise", "table", "{}", "restarts on the host: [supervise] below"),
     Key("weights", "table", "{}",
         "where `fab pull` gets each model directory from: model path on the host = "
-        "\"local:/dir/on/this/machine\" (tasks/weights/sources.py)"),
+        "\"hf://ORG/NAME@REV\" or \"local:/dir/on/this/machine\" (tasks/weights/sources.py)"),
 )
 TARGET_KEYS = table(
     "target",

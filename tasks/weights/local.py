@@ -49,6 +49,16 @@ def list_files(source, directory):
             found.append((rel, full))
     if not found:
         raise UsageError(f"[weights] source {source!r}: {directory} holds no files")
+    try:
+        return hash_files(found)
+    except OSError as e:
+        raise UsageError(f"[weights] source {source!r}: cannot read {e.filename}: {e.strerror}") from None
+
+
+def hash_files(found, fresh=False):
+    """[(path in the model dir, file here)] -> [{path, size, sha256, local}], hashed at most
+    once per (file, size, mtime, inode) across pulls (the cache file; `fresh`: hash all
+    again, for --verify); OSError as raised."""
     cache_path = os.path.expanduser(CACHE)
     cache = _load_cache(cache_path)
 
@@ -57,15 +67,12 @@ def list_files(source, directory):
         st = os.stat(full)
         key = [st.st_size, st.st_mtime_ns, st.st_ino]
         hit = cache.get(full)
-        sha = hit[3] if hit and hit[:3] == key else _sha256(full)
+        sha = hit[3] if hit and hit[:3] == key and not fresh else _sha256(full)
         cache[full] = key + [sha]
         return {"path": rel, "size": st.st_size, "sha256": sha, "local": full}
 
-    try:
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            files = list(pool.map(one, found))
-    except OSError as e:
-        raise UsageError(f"[weights] source {source!r}: cannot read {e.filename}: {e.strerror}") from None
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        files = list(pool.map(one, found))
     try:
         os.makedirs(os.path.dirname(cache_path), exist_ok=True)
         tmp = cache_path + f".{os.getpid()}.tmp"
