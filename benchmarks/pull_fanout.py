@@ -1,7 +1,7 @@
 """`fab pull` fan-out to 8 lab hosts against rsync from this machine (issue 30's bar).
 
-    sudo python3 benchmarks/pull_fanout.py [--mib 1024] [--shards 8] [--hosts 8]
-                                           [--rate 1gbit] [--out F.json]
+    python benchmarks/run.py pull-fanout [--mib 1024] [--shards 8] [--hosts 8]
+                                         [--rate 100mbit] [--disk] [--out F.json]   (as root)
 
 Builds a lab of N namespace hosts (tests/hostlab.py: real sshd each), generates a multi-shard
 safetensors model here (tests/genmodel.py) and, side by side in one run, times:
@@ -108,8 +108,8 @@ def measure(name, lab, fn, sync):
     return row
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="run.py pull-fanout", description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024, help="model size in MiB (default 1024)")
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--hosts", type=int, default=8)
@@ -117,7 +117,7 @@ def main():
     ap.add_argument("--disk", action="store_true",
                     help="write to this machine's disk (shared by all hosts) instead of a tmpfs per host")
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     with HostLab(args.hosts) as hl:
         lab = Lab(hl, args.rate)
         hosts = hl.hosts
