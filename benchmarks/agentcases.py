@@ -12,7 +12,7 @@ import os
 import subprocess
 import time
 
-from harness import HERE, HOST_PY, PY, LineClock, RunFailed
+from harness import HERE, HOST_PY, PY, LineClock, RunFailed, median
 from hostlab import wait_for
 from latency import fab_argv, standin_profile
 
@@ -37,8 +37,7 @@ def agent_start_case(bench, reps, trees, log=print):
 
 
 def _med(rows):
-    import statistics
-    return "%.3f s" % statistics.median(r[0] for r in rows) if rows else "n/a"
+    return "%.3f s" % median(r[0] for r in rows) if rows else "n/a"
 
 
 def _ticks(pid, children=False):

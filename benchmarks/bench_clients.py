@@ -1,7 +1,7 @@
 """`fab bench`'s client against `vllm bench serve`'s, on a streaming server that is never short
 of CPU (issue 23, item 6: what is left of a difference when the engine is taken out).
 
-    python3 benchmarks/bench_clients.py [--rounds 3]
+    python benchmarks/run.py bench-clients [--rounds 3]
 
 Starts a uvicorn/Starlette server under the real vLLM's interpreter (the HTTP stack vLLM's API
 server uses) that answers /v1/completions the way vLLM 0.32.0 streams: the first token chunk
@@ -16,7 +16,6 @@ line to its result, read from /proc). No real engine runs: no lock needed.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,11 +23,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "benchmarks"))
-import realengine  # noqa: E402
-from vllm_bench_compare import BENCH_SERVE  # noqa: E402
+from harness import REPO, median
+import realengine
+from vllm_bench_compare import BENCH_SERVE
 
 SERVER = '''
 import asyncio, json, sys
@@ -67,7 +64,7 @@ FAB = '''
 import json, sys
 sys.path.insert(0, %r)
 from tasks.measure.host import loadgen as bench
-from tasks import benchstats
+from tasks.measure import bench_stats as benchstats
 raw = bench.op_bench({"port": %d, "host": "127.0.0.1", "engine": "vllm", "model": "tiny",
                       "requests": 64, "concurrency": 4, "max_tokens": 128, "prompts": [{"prompt": "hi"}]})
 print(json.dumps(benchstats.record("local", raw, None)))
@@ -114,11 +111,11 @@ def run_vllm(port, tmp, n):
             "ITL": v["median_itl_ms"], "CPU s": cpu}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="run.py bench-clients", description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--port", type=int, default=18174)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     realengine.require_real_engine()
     server = subprocess.Popen([str(realengine.VLLM_PYTHON), "-c", SERVER, str(a.port)])
     runs = {"fab": [], "vllm": []}
@@ -145,10 +142,6 @@ def main():
         server.wait(30)
     print("\n| figure | fab bench's client | vllm bench serve's client | fab / vllm |\n| --- | --- | --- | --- |")
     for k in runs["fab"][0]:
-        f = statistics.median(r[k] for r in runs["fab"])
-        v = statistics.median(r[k] for r in runs["vllm"])
+        f = median(r[k] for r in runs["fab"])
+        v = median(r[k] for r in runs["vllm"])
         print(f"| {k} | {f:.2f} | {v:.2f} | {f / v:.3f} |")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""`fab` with llmfab's transport counted in-process (for benchmarks/run.py's round-trip table).
+"""`fab` with llmfab's transport counted in-process (for the launch suite's round-trip table, benchmarks/suite.py).
 
     LLMFAB_BENCH_TRACE=out.json python benchmarks/fab_traced.py -S CFG -H h1 deploy ...
 

@@ -1,11 +1,15 @@
-"""What every benchmark case stands on (benchmarks/run.py): timed runs on a tests/hostlab.py HostLab.
+"""The one harness of llmfab's benchmarks (`python benchmarks/run.py NAME`): lab hosts, side-by-side
+runs, repeats, medians and Markdown tables.
 
 Every timed run is a whole process, timed from spawn to exit, after an untimed
 clean-up (the previous run's servers killed by pid). Around each run it also
 reads, per host, what sshd logged (connections, remote commands) and the CPU
 that host spent on the run (a cgroup per host holding its sshd, so every process
 a session starts is counted), and the client tool's CPU, so the tables show
-where the time goes on a 2-core machine that also plays every host.
+where the time goes on a 2-core machine that also plays every host. Runs of
+several tools are interleaved (`side_by_side`: each repetition runs every tool
+once, the order rotating) so a load swing hits all of them alike; medians are
+tasks/measure/repeats.py's, the one median of repeated runs in llmfab.
 """
 import json
 import os
@@ -18,16 +22,134 @@ import threading
 import time
 from pathlib import Path
 
-from hostlab import proc_stat, starttime as _start_time, wait_for
-from measure import count_sshd
-
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+for _path in (REPO, REPO / "tests"):  # llmfab's tasks/, and tests/hostlab.py's lab
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
+
+from hostlab import proc_stat, starttime as _start_time, wait_for  # noqa: E402
+from tasks.measure.repeats import median  # noqa: E402
+
 PY = sys.executable
 HOST_PY = "/usr/bin/python3"  # every case launches with it (the lab's `python3` is a pyenv shim)
 PID_DIR = "llmfab-bench-pids"  # in each host's home; see tiny_server.py
 LAUNCH_PORT = 18990
 READY_PORT = 18991
+
+
+def log(text):
+    print(text, flush=True)
+
+
+def compile_trees(trees):
+    """Bytecode for each llmfab tree under test, as an install leaves it (pip compiles what it
+    installs; an editable checkout compiles on its first run). This machine sets
+    PYTHONDONTWRITEBYTECODE, under which a checkout would compile its modules on every
+    run while the Fabric and Ansible it is compared with run from compiled site-packages."""
+    for tree in trees:
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(tree) / "tasks")], check=True)
+
+
+# -- statistics and tables (pure: tests/unit/test_benchmarks_harness.py) ------------------
+# sshd at LogLevel VERBOSE (the lab's) logs one "Accepted publickey" per authenticated
+# connection and one "Starting session:" per channel that runs something: "command"
+# (exec: everything is run through the user's shell, which sources ~/.bashrc), "subsystem
+# 'sftp'" (also started through the shell) or "shell" (an interactive login).
+ACCEPTED = "Accepted publickey for "
+STARTING = "Starting session: "
+
+
+def count_sshd(text):
+    """{"connections", "commands", "exec", "subsystem", "shell"} counted in sshd log text.
+
+    "commands" is every session that made sshd start a program through the user's shell:
+    exec requests, subsystems (sftp) and shells.
+    """
+    counts = {"connections": 0, "exec": 0, "subsystem": 0, "shell": 0}
+    for line in text.splitlines():
+        if line.startswith(ACCEPTED):
+            counts["connections"] += 1
+            continue
+        at = line.find(STARTING)
+        if at < 0:
+            continue
+        kind = line[at + len(STARTING):].split(" ", 1)[0]
+        if kind == "command":
+            counts["exec"] += 1
+        elif kind in ("subsystem", "shell"):
+            counts[kind] += 1
+    counts["commands"] = counts["exec"] + counts["subsystem"] + counts["shell"]
+    return counts
+
+
+def spread(samples):
+    """(median, min, max) of the numbers that are not None, or None when there are none."""
+    xs = [x for x in samples if x is not None]
+    return (median(xs, 6), min(xs), max(xs)) if xs else None
+
+
+def fmt_s(value):
+    return "%.2f" % value if value is not None else "n/a"
+
+
+def fmt_spread(samples, digits=2, unit=""):
+    """'median (min-max)', or 'n/a' for no samples."""
+    sp = spread(samples)
+    if not sp:
+        return "n/a"
+    return "%.*f%s (%.*f-%.*f)" % (digits, sp[0], unit, digits, sp[1], digits, sp[2])
+
+
+def ratio(a, b):
+    """a / b as '1.23x', or 'n/a' when either is missing."""
+    if a is None or b is None or b == 0:
+        return "n/a"
+    return "%.2fx" % (a / b)
+
+
+def md_table(headers, rows):
+    """A GitHub Markdown table; cells are str()-ed and '|' escaped."""
+    def cell(v):
+        return str(v).replace("|", "\\|")
+    out = ["| " + " | ".join(cell(h) for h in headers) + " |",
+           "| " + " | ".join("---" for _ in headers) + " |"]
+    out += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def side_by_side(plan, reps, run_one, warmup=1, errors=(), log=log, max_failures=2):
+    """plan: [(key, [tool, ...])]; run_one(key, tool) -> a dict (at least {"wall"}). Interleaved:
+    each repetition runs every (key, tool) once, the tool order rotating, after `warmup`
+    unrecorded repetitions. Each run is tagged with its repetition ("rep"), so runs of one
+    repetition can be paired. A run raising one of `errors` is logged and skipped; a tool is
+    dropped after `max_failures`. Returns ({(key, tool): [run, ...]}, {(key, tool): [error]})."""
+    results = {(key, t): [] for key, tools in plan for t in tools}
+    failed = {}
+    for rep in range(-warmup, reps):
+        for key, tools in plan:
+            k = rep % len(tools)
+            for tool in tools[k:] + tools[:k]:
+                if len(failed.get((key, tool), ())) >= max_failures:
+                    continue
+                try:
+                    run = run_one(key, tool)
+                except errors as e:
+                    failed.setdefault((key, tool), []).append(str(e).strip())
+                    log("  %s at %s FAILED (rep %d): %s" % (tool, key, rep, str(e)[-3000:]))
+                    continue
+                run["rep"] = rep
+                if rep >= 0:
+                    results[(key, tool)].append(run)
+                log("  rep %2d  %-4s %-14s %6.2f s%s" % (rep, key, tool, run["wall"],
+                                                        "  (warm-up)" if rep < 0 else ""))
+    return results, failed
+
+
+def paired_ratios(results, a, b):
+    """Each repetition's run of `a` over the run of `b` beside it (where both ran)."""
+    other = {r["rep"]: r["wall"] for r in results[b]}
+    return [r["wall"] / other[r["rep"]] for r in results[a] if r["rep"] in other]
 
 
 class RunFailed(RuntimeError):
@@ -88,7 +210,7 @@ class Bench:
         self.cfg = str(lab.ssh_config)
         self.rng = random.Random(seed)
         self.nonce = 0
-        self.before_tree = None  # a checkout of llmfab to compare with (run.py --before-tree)
+        self.before_tree = None  # a checkout of llmfab to compare with (--before-tree)
         self.cpu = CpuGroups("llmfab-bench-%d" % lab.slot)
         for h in lab.hosts:
             self.cpu.add(h, lab.sshd_pid(h))

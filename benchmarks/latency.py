@@ -1,4 +1,4 @@
-"""Cases 4-6 of issue 8: verdict latency, round trips, start-up time (see benchmarks/run.py).
+"""Cases 4-6 of issue 8: verdict latency, round trips, start-up time (benchmarks/suite.py).
 
 4. The stand-in vLLM (tests/standins) stamps time.time() into STANDIN_READY_FILE when
    its port opens, or into STANDIN_FATAL_FILE when it prints its fatal line. `fab deploy`
@@ -13,11 +13,10 @@
 """
 import json
 import os
-import statistics
 import subprocess
 import time
 
-from harness import HERE, PY, READY_PORT, REPO, LineClock, RunFailed
+from harness import HERE, PY, READY_PORT, REPO, LineClock, RunFailed, median
 
 FATAL_NEEDLE = "error: server failed"
 READY_NEEDLE = " ready in "
@@ -125,7 +124,7 @@ def phases(trace):
 
 def median_phases(runs):
     rows = [phases(r["trace"]) for r in runs]
-    return [(rows[0][i][0], statistics.median(r[i][1] for r in rows)) for i in range(len(rows[0]))]
+    return [(rows[0][i][0], median(r[i][1] for r in rows)) for i in range(len(rows[0]))]
 
 
 # -- case 6 ------------------------------------------------------------------------------

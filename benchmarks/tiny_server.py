@@ -9,7 +9,7 @@ while nobody talks to it: it sits in its own session with stdin on /dev/null and
 its output in a log file, and it holds nothing (no port, no GPU), so every tool's
 launch costs the same on the host and only the tools differ.
 
-So that benchmarks/run.py can end each launched copy by its process id (never by
+So that the benchmarks can end each launched copy by its process id (never by
 name), it records itself as ~/llmfab-bench-pids/<pid>, holding its start time
 from /proc (so a reused pid is never mistaken for it), and removes the record when
 it exits. It also ends by itself after LIFETIME_S seconds (default 120), so a

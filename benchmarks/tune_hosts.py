@@ -1,6 +1,6 @@
 """`fab tune` over 1 host against the same sweep over 3 alike hosts (issue 24).
 
-    sudo python3 benchmarks/tune_hosts.py [--variants 6] [--rounds 1] [--out F.json]
+    python benchmarks/run.py tune-hosts [--variants 6] [--rounds 1] [--out F.json]
 
 Builds a lab of 3 namespace hosts (tests/hostlab.py: real sshd each) running the stand-in vLLM
 (acceptance falling by draft position, a cost per drafted token, 0.5 s of "loading"), and
@@ -12,14 +12,12 @@ parts (the survey, the put-back, the report). Prints a table and writes JSON to 
 """
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+import harness  # noqa: F401  (puts tests/ on sys.path)
 
-from hostlab import HostLab  # noqa: E402
+from hostlab import HostLab
 
 
 def profile(lab, name, port):
@@ -53,12 +51,12 @@ def sweep(lab, prof, hosts, variants, out):
             "winner": winner}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="run.py tune-hosts", description=__doc__.splitlines()[0])
     ap.add_argument("--variants", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = []
     with HostLab(3) as lab:
         prof = profile(lab, "tune-bench", 18900)
@@ -78,7 +76,3 @@ def main():
           f"{sum(three) / len(three):.1f} s: 3 hosts take {ratio:.2f} of the time of 1")
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "ratio": round(ratio, 3)}, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()

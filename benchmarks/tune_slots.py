@@ -1,6 +1,6 @@
 """`fab tune --slots auto` on a host with 8 fake GPUs against `--slots 1` (issue 31).
 
-    sudo python3 benchmarks/tune_slots.py [--rounds 1] [--out F.json]
+    python benchmarks/run.py tune-slots [--rounds 1] [--out F.json]
 
 Builds a lab of one namespace host (tests/hostlab.py: real sshd) with 8 fake GPUs, running the
 stand-in vLLM (0.5 s of "loading"), and times the whole `fab tune --slo` command, wall clock,
@@ -11,14 +11,12 @@ order alternating by round. Prints a table, the time ratio and the load points p
 """
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+import harness  # noqa: F401  (puts tests/ on sys.path)
 
-from hostlab import HostLab  # noqa: E402
+from hostlab import HostLab
 
 
 def profile(lab, name, port):
@@ -47,11 +45,11 @@ def sweep(lab, prof, slots, out):
             "capacities": sorted({x["capacity"] for x in recs})}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="run.py tune-slots", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = []
     with HostLab(1) as lab:
         lab.set_gpus("h1", count=8)
@@ -71,7 +69,3 @@ def main():
           f"--slots auto {sum(auto) / len(auto):.1f} s: {ratio:.2f} of the time")
     if args.out:
         Path(args.out).write_text(json.dumps({"rows": rows, "ratio": round(ratio, 3)}, indent=1) + "\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,6 +1,6 @@
 """`fab bench` against vLLM's own `vllm bench serve`, on the same real server (issue 23, item 6).
 
-    python3 benchmarks/vllm_bench_compare.py [--repeats 8] [--input-len 128] [--output-len 128]
+    python benchmarks/run.py vllm-compare [--repeats 8] [--input-len 128] [--output-len 128]
         [--num-prompts 64] [--concurrency 4] [--spec ngram] [--out results.json]
 
 Deploys the tiny target (tests/realengine.py) on this machine (`-H local`) with the real
@@ -31,16 +31,14 @@ import contextlib
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-import realengine  # noqa: E402  (tests/realengine.py: the install, tiny models, the lock)
+from harness import REPO, median
+import realengine  # tests/realengine.py: the install, tiny models, the lock
 
 BENCH_SERVE = ("from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
                "from vllm.benchmarks.serve import add_cli_args, main\n"
@@ -142,7 +140,7 @@ def run_vllm(port, a, tmp, n):
 
 
 def spread(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return {"median": median(values), "min": min(values), "max": max(values)}
 
 
 def table(fab_runs, vllm_runs, fab_server, vllm_server):
@@ -168,8 +166,8 @@ def table(fab_runs, vllm_runs, fab_server, vllm_server):
     return "\n".join(rows), out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="run.py vllm-compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
@@ -183,7 +181,7 @@ def main():
     ap.add_argument("--model", help="with --python: the model directory")
     ap.add_argument("--arg", action="append", default=[], help="with --python: a [server.args] KEY=JSON")
     ap.add_argument("--env", action="append", default=[], help="with --python: a [server.env] KEY=VALUE")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if not a.python:
         realengine.require_real_engine()
     lock = realengine.real_engine_lock() if not a.python else contextlib.nullcontext()
@@ -221,7 +219,3 @@ def main():
             Path(a.out).write_text(json.dumps({"args": vars(a), "fab": fab_runs, "vllm": vllm_runs,
                                                "fab_server": fab_server, "vllm_server": vllm_server,
                                                "summary": summary, "loads": loads}, indent=1))
-
-
-if __name__ == "__main__":
-    main()

@@ -13,6 +13,7 @@ from collections import namedtuple
 
 from invoke import Task, task
 from invoke.exceptions import Exit
+from invoke.parser import ParserContext
 
 from .errors import LlmfabError
 
@@ -61,7 +62,7 @@ COMMANDS = {
 PROFILE_HELP = "TOML deployment profile (default: config key llmfab.profile, else configs/demo.toml)"
 COMMON = {
     "profile": PROFILE_HELP,
-    "parallel": "at most this many hosts at once (default 32)",
+    "parallel": "at most this many hosts at once",
     "accept-new-host-keys": "trust host keys not yet in known_hosts (default: refuse them)",
 }
 
@@ -82,6 +83,35 @@ class _Task(Task):
         if short:
             opts["names"].append(short)
         return opts
+
+
+class _TaskHelp(ParserContext):
+    """A task's flags as `fab --help TASK` shows them: the value each takes (`--parallel=INT`,
+    not Invoke's STRING for a flag whose default is None) and its number default, both from the
+    task's options record (tasks/options.py flag_help)."""
+
+    def help_for(self, flag):
+        spec, text = super().help_for(flag)
+        arg = self.flags[flag]
+        info = COMMANDS.get(self.name)
+        if info is None or arg.kind is bool:
+            return spec, text
+        from .options import flag_help
+        metavar, default = flag_help(options_class(info), arg.attr_name or arg.name, self.name)
+        if metavar:  # -v KEY=V1,V2, --vary=KEY=V1,V2 (Invoke writes STRING, or nothing for a list)
+            spec = ", ".join(sorted((n + (" " if len(n.strip("-")) == 1 else "=") + metavar
+                                     for n in self.names_for(flag)), key=len))
+        if default is not None:
+            text = f"{text} (default {default})" if text else f"default {default}"
+        return spec, text
+
+
+def task_contexts(collection, ignore_unknown_help=None):
+    """Invoke's Collection.to_contexts, with _TaskHelp contexts (the program's parser is made
+    of these: tasks/fleet/executor.py)."""
+    return [_TaskHelp(name=primary, aliases=aliases,
+                      args=collection[primary].get_arguments(ignore_unknown_help=ignore_unknown_help))
+            for primary, aliases in collection.task_names.items()]
 
 
 def command(iterable=(), **flag_help):
@@ -143,14 +173,14 @@ def status(c, profile=None, json=False, parallel=None, accept_new_host_keys=Fals
     return _boundary(c, "status", locals())
 
 
-@command(grace="seconds between SIGTERM and SIGKILL (default 30)",
+@command(grace="seconds between SIGTERM and SIGKILL",
          json="print one JSON object per host on stdout (human text goes to stderr)")
 def stop(c, profile=None, grace=None, json=False, parallel=None, accept_new_host_keys=False):
     return _boundary(c, "stop", locals())
 
 
 @command(**{
-    "lines": "how many lines from the end (default 50)",
+    "lines": "how many lines from the end",
     "follow": "keep streaming new lines until Ctrl-C; survives dropped connections",
     "grep": "only lines matching this regular expression",
     "release": "read an older release's log (a stamp from `fab releases`)",
@@ -183,7 +213,7 @@ def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=N
 @command(**{
     "gpus": "comma-separated GPU indices (default: the profile's gpu.devices, else all)",
     "all": "every GPU on the host, whatever the profile says",
-    "grace": "seconds between SIGTERM and SIGKILL (default 10)",
+    "grace": "seconds between SIGTERM and SIGKILL",
     "dry-run": "list what would be killed (pid, user, command, GPU, MiB); kill nothing",
     "json": "print one JSON object per host on stdout",
 })
@@ -193,15 +223,15 @@ def kill_gpu_procs(c, profile=None, gpus=None, all=False, grace=None, dry_run=Fa
 
 
 @command(**{
-    "requests": "measured requests, after one warm-up request (default 32)",
-    "concurrency": "requests in flight at once (default 4)",
-    "max-tokens": "max_tokens per request (default 128)",
+    "requests": "measured requests, after one warm-up request",
+    "concurrency": "requests in flight at once",
+    "max-tokens": "max_tokens per request",
     "prompts": "JSONL file of prompts ({\"prompt\": ...} or {\"messages\": [...]} per line)",
     "json": "print one JSON object per host on stdout",
     "compare": "print two saved --json results side by side: --compare A.json,B.json",
-    "repeat": "run the bench N times; report each figure's median and spread (default 1)",
+    "repeat": "run the bench N times; report each figure's median and spread",
     "seed": "the order of the shipped prompts when --prompts is not given, or the random "
-            "token ids of --random-input-len (default 0)",
+            "token ids of --random-input-len",
     "temperature": "sampling temperature sent with every request, e.g. 0 for greedy as "
                    "`fab tune` measures (default: the server's)",
     "random-input-len": "prompts of exactly N random token ids from the model's tokenizer.json "
@@ -238,12 +268,12 @@ def pull(c, profile=None, verify=False, json=False, parallel=None, accept_new_ho
             "server.args.speculative-config.num_speculative_tokens=1,2,4",
     "profiles": "comma-separated profiles, each one more variant (deployed as this deployment)",
     "baseline": "one more variant: the profile with no speculative config",
-    "concurrency": "comma-separated concurrencies to measure each variant at (default 1,8)",
-    "requests": "measured requests per bench run, after one warm-up request (default 16)",
+    "concurrency": "comma-separated concurrencies to measure each variant at",
+    "requests": "measured requests per bench run, after one warm-up request",
     "input-len": "lengthen each shipped prompt to about N words (default: as shipped)",
-    "max-tokens": "max_tokens per request (default 128)",
-    "repeat": "bench runs per variant and concurrency; their spread decides ties (default 3)",
-    "seed": "the order of the shipped prompts; the same for every variant (default 0)",
+    "max-tokens": "max_tokens per request",
+    "repeat": "bench runs per variant and concurrency; their spread decides ties",
+    "seed": "the order of the shipped prompts; the same for every variant",
     "objective": "tokens_per_s@C (most output tokens/s at concurrency C; default: the "
                  "largest C) or ttft_p90@C (lowest TTFT p90)",
     "keep": "previous (default): put back what ran before; winner: leave the winner running",
@@ -256,7 +286,7 @@ def pull(c, profile=None, verify=False, json=False, parallel=None, accept_new_ho
            "and the winner serves the most output tok/s there (goodput)",
     "load": "with --slo: what the search raises, concurrency (default) or rate (requests/s, "
             "Poisson arrivals)",
-    "max-load": "with --slo: the largest load tried (default 64)",
+    "max-load": "with --slo: the largest load tried",
     "slots": "auto or N: measure N variants at once on each host, each on its own GPUs and "
              "port (auto: as many as the host's GPUs hold; default 1)",
 })

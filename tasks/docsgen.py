@@ -74,13 +74,6 @@ def profile_page():
 
 # --- tasks and flags ---------------------------------------------------------------------
 
-def _flag(arg):
-    longest = max(arg.names, key=len)
-    names = [f"`-{n}`" if len(n) == 1 else f"`--{n}`" for n in sorted(arg.names, key=len)]
-    value = "" if arg.kind is bool else f" {longest.upper().replace('-', '_')}"
-    return ", ".join(names[:-1] + [names[-1][:-1] + value + "`"])
-
-
 def arguments(task):
     """The task's flags as Invoke builds them, leaving the task as it was (Invoke's
     get_arguments consumes the task's help dict, so a second call would show no help)."""
@@ -93,6 +86,7 @@ def arguments(task):
 
 def cli_page():
     from . import ns
+    from .cli import _TaskHelp
     from .errors import EXIT_MEANINGS
     out = ["# Tasks and flags", "",
            "Run a task as `fab TASK` inside the checkout (Fabric finds it through fabfile.py), or as "
@@ -108,8 +102,11 @@ def cli_page():
         task = ns[name]
         doc = (task.__doc__ or "").strip()
         out += ["", f"## `fab {name}`", "", doc, ""]
+        args = arguments(task)
+        ctx = _TaskHelp(name=name, args=args)  # what `fab --help TASK` shows
+        rows = [ctx.help_for("--" + max(a.names, key=len)) for a in args]
         out += _table(("flag", "meaning"), [
-            (_flag(a), cell(a.help or "")) for a in arguments(task)])
+            ("`" + spec.replace(", ", "`, `") + "`", cell(text or "")) for spec, text in rows])
     return "\n".join(out) + "\n"
 
 

@@ -12,6 +12,7 @@ per host, old release, new one, or stopped, and the command that restores it.
 """
 import contextlib
 import os
+import signal
 import sys
 import threading
 from dataclasses import dataclass
@@ -67,6 +68,41 @@ class CtrlC:
 
 
 CTRL_C = CtrlC()
+
+# What the first lines of the program are: `fab` (Fabric's script, or `python -m fabric`) and
+# the installed `llmfab` (tasks/program.py).
+PROGRAMS = ("fab", "llmfab")
+PROGRAM_MODULES = ("fabric.__main__",)
+INTERRUPTED_EARLY = "interrupted (Ctrl-C): nothing was done on any host"
+
+
+def _early_handler(signum, frame):
+    try:
+        os.write(sys.stderr.fileno(), ("\n" + INTERRUPTED_EARLY + "\n").encode())
+    except (OSError, ValueError):
+        pass
+    os._exit(130)
+
+
+def exit_130_until_a_task_runs():
+    """A Ctrl-C from llmfab's first line until the executor starts a task (our imports,
+    Invoke's parsing, --help and --list) ends the program at once with 130 and one line, no
+    traceback: Invoke turns a KeyboardInterrupt there into exit 1. Nothing has touched a host
+    yet. `task_begins()` hands SIGINT back to Python (KeyboardInterrupt) for the task, whose
+    own boundary makes it 130 (tasks/fleet/executor.py, tasks/fleet/runner.py). Only in the
+    program itself: importing llmfab elsewhere (a test, a notebook) changes no signal."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if (os.path.basename(sys.argv[0] if sys.argv else "") in PROGRAMS
+            or getattr(spec, "name", None) in PROGRAM_MODULES):
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, _early_handler)
+
+
+def task_begins():
+    """The executor starts a task: Ctrl-C raises KeyboardInterrupt again (see above)."""
+    if signal.getsignal(signal.SIGINT) is _early_handler:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def changing():

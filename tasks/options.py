@@ -65,6 +65,45 @@ def gpu_list(text):
     return out
 
 
+# What `fab --help TASK` shows a flag takes (`--parallel=INT`), from its field's type in the
+# task's options record; a few named for what they hold rather than their type.
+METAVARS = {int: "INT", float: "FLOAT", str: "STRING", tuple: "LIST"}
+NAMED_METAVARS = {"profile": "PATH", "prompts": "PATH", "out": "PATH", "resume": "DIR",
+                  "profiles": "PATHS", "compare": "A.json,B.json", "grep": "REGEX",
+                  "release": "STAMP", "gpus": "INDICES", "vary": "KEY=V1,V2", "slo": "SLO",
+                  "objective": "METRIC@C", "keep": {"releases": "INT", "tune": "previous|winner"},
+                  "load": "concurrency|rate", "concurrency": {"tune": "INT,..."}, "slots": "INT|auto"}
+
+
+def _value_type(annotation):
+    """int for int, Optional[int]; tuple for Tuple[...]; None for bool and the unknown."""
+    import typing
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) is typing.Union and len(args) == 1:
+        annotation = args[0]
+    if typing.get_origin(annotation) is tuple:
+        return tuple
+    return annotation if annotation in METAVARS else None
+
+
+def flag_help(cls, name, task=None):
+    """(metavar, default text or None) of the flag for field `name` of options record `cls`:
+    `("INT", "32")` for --parallel. A default is given for numbers (and lists of them) only:
+    None and words ("the profile's ready.timeout") are the help text's to say."""
+    field = {f.name: f for f in dataclasses.fields(cls)}.get(name)
+    if field is None:
+        return None, None
+    kind = _value_type(field.type)
+    named = NAMED_METAVARS.get(name)
+    metavar = (named.get(task) if isinstance(named, dict) else named) or METAVARS.get(kind)
+    default = field.default
+    if isinstance(default, bool) or kind not in (int, float, tuple) or default in (None, ()):
+        return metavar, None
+    if isinstance(default, tuple):
+        return metavar, ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in default)
+    return metavar, f"{default:g}" if isinstance(default, float) else str(default)
+
+
 @dataclasses.dataclass(frozen=True)
 class Common:
     """Options every task takes."""

@@ -142,13 +142,27 @@ def gather(host, profile, ddir):
     return out
 
 
+def health_words(health):
+    """`health 200`, `health 503`; the probe's error in words when nothing answered."""
+    if isinstance(health, int):
+        return f"health {health}"
+    return f"health: no answer ({health})" if health else "health: not probed"
+
+
+def model_words(served):
+    """`, model NAME` (several: `, models A, B`), or nothing when /v1/models listed none."""
+    if isinstance(served, list):
+        return ", models " + ", ".join(str(m) for m in served) if served else ""
+    return f", model {served}" if served else ""
+
+
 def render(status):
     """The human lines of one host's status."""
     r = status.record
     failed = r.get("last_failed")
     if r["running"]:
         lines = [f"running: release {r['release']}, pid {r['pid']}, up {duration(r['uptime_s'])}, "
-                 f"port {r['port']}, health {r['health']}, model {r['served_name']}"]
+                 f"port {r['port']}, {health_words(r['health'])}{model_words(r['served_name'])}"]
         if failed and failed["release"] > (r["release"] or ""):  # put back after a failed deploy
             lines.append(Block(f"last deploy failed: release {failed['release']}: {failed.get('cause')}; "
                                f"release {r['release']} runs instead", (("fix", failed.get("fix")),), indent=2))

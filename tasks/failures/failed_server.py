@@ -38,6 +38,17 @@ def launch_failed(error, release):
     return ServerFailed(ex, {"release": release})
 
 
+def wrong_port(server, port, serving_on, lines=()):
+    """The ServerFailed of a server that answers on another port than `[server] port`
+    (the host's watch saw its process tree serve /health there: tasks/steps/host/watch.py)."""
+    from .explain import Explanation
+    from .rules import WRONG_PORT
+    values = {"port": port, "other": serving_on}
+    ex = Explanation(WRONG_PORT.id, None, WRONG_PORT.cause.format(**values),
+                     WRONG_PORT.fix.format(**values), list(lines))
+    return ServerFailed(ex, server)
+
+
 def raise_launch_failed(release):
     """A context manager: an AgentError of kind launch_failed inside becomes launch_failed()."""
     import contextlib

@@ -10,6 +10,8 @@ through the project's `fabric.json` (`tasks.executor_class`), `llmfab` directly
 from fabric.executor import Executor
 from invoke.executor import Executor as InvokeExecutor
 
+from ..interrupts import INTERRUPTED_EARLY, task_begins
+
 
 class FanoutExecutor(Executor):
     def expand_calls(self, calls, apply_hosts=True):
@@ -20,7 +22,8 @@ class FanoutExecutor(Executor):
 
 
 def exit_2_on_bad_arguments(program=None, *, binary="fab"):
-    """Make the program exit 2 (bad input) on unknown flags and bad flag values, as docs/reference/cli.md says.
+    """Make the program exit 2 (bad input) on unknown flags and bad flag values, as docs/reference/cli.md says,
+    130 on a Ctrl-C before a task's body, and show each flag's value type in `--help TASK`.
 
     Invoke turns a ParseError into exit 1 and lets a failed int() cast escape as a
     traceback. Task arguments are parsed after the fabfile is imported, so wrapping
@@ -51,14 +54,21 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab"):
     def execute_130():
         # Invoke turns a KeyboardInterrupt into exit 1; a task's own Ctrl-C is 130 (tasks/cli.py
         # _boundary, tasks/interrupts.py), and so is one between parsing and the task body.
+        task_begins()
         try:
             return execute()
         except KeyboardInterrupt:
             raise Exit(INTERRUPTED_EARLY, code=130) from None
 
+    def make_parser():
+        # the task contexts whose help shows each flag's value and default (tasks/cli.py _TaskHelp)
+        from invoke.parser import Parser
+        from ..cli import task_contexts
+        return Parser(initial=program.initial_context,
+                      contexts=task_contexts(program.collection, program.config.tasks.ignore_unknown_help))
+
+    program._make_parser = make_parser
     program.parse_tasks = parse_tasks
     program.execute = execute_130
     program._llmfab_wrapped = True
 
-
-INTERRUPTED_EARLY = "interrupted (Ctrl-C): nothing was done on any host"

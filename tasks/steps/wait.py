@@ -18,7 +18,7 @@ from tenacity import (RetryError, Retrying, retry_if_exception_type, stop_after_
 
 from ..failures import logscan
 from ..errors import HostUnreachable, OperationFailed
-from ..failures.failed_server import server_failed
+from ..failures.failed_server import server_failed, wrong_port
 from ..failures.logscan import LogScanner
 from ..transport.agent import AgentStartFailed, ConnectionLost
 from .lock import PREEMPTING
@@ -107,7 +107,8 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
                health_path=ready_cfg.health_path, models_path=ready_cfg.models_path,
                api_key=profile.api_key,
                devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
-               hints=fatal_hints(), gpu_every_s=max(GPU_EVERY_S, ready_cfg.poll_interval))
+               hints=fatal_hints(), gpu_every_s=max(GPU_EVERY_S, ready_cfg.poll_interval),
+               port_check=profile.server.engine == "command")
 
     def tick():
         wait_s = max(0.0, min(ready_cfg.poll_interval, timeout - (time.monotonic() - t0)))
@@ -126,6 +127,8 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
         fatal = scanner.feed(r["log"]["text"], final=not r["alive"])
         if fatal is not None or not r["alive"]:  # why, and what to do (tasks/failures/failed_server.py)
             raise server_failed(scanner, host, profile, server, r.get("exit"))
+        if r.get("why") == "wrong_port":  # ready, on a port nobody will probe
+            raise wrong_port(server, profile.server.port, r["serving_on"], scanner.tail(20))
         elapsed = time.monotonic() - t0
         models = r.get("models")
         health = r.get("health")

@@ -17,6 +17,7 @@ import threading
 
 from .agent_code import AGENT_FLAGS, TASKS, bootstrap, payload
 from ..errors import OperationFailed
+from .host.common import error_words
 
 LOCAL_NAMES = ("local",)
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -92,13 +93,13 @@ class _Channel:
             self._w.write(data)
             self._w.flush()
         except (OSError, EOFError, socket.timeout) as e:
-            raise ConnectionLost(f"connection lost: {e or type(e).__name__}") from e
+            raise ConnectionLost(f"connection lost: {error_words(e)}") from e
 
     def receive_line(self):
         try:
             line = self._r.readline()
         except (OSError, EOFError, socket.timeout) as e:
-            raise ConnectionLost(f"connection lost: {e or type(e).__name__}") from e
+            raise ConnectionLost(f"connection lost: {error_words(e)}") from e
         if not line:
             raise ConnectionLost(self._describe())
         return line
@@ -207,7 +208,7 @@ class Host:
                 ssh_chan = self.cxn.client.get_transport().open_session()
                 ssh_chan.exec_command(shlex.join(argv))
             except Exception as e:
-                raise ConnectionLost(f"cannot start a command: {e}") from e
+                raise ConnectionLost(f"cannot start a command: {error_words(e)}") from e
             self._ssh_chan = ssh_chan
             stream = _SshStream(ssh_chan)
             self._chan = _Channel(stream, stream, self._ssh_death)

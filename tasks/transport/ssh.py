@@ -26,6 +26,7 @@ import paramiko
 from fabric import Connection
 
 from ..errors import HostUnreachable
+from .host.common import error_words
 
 DEFAULT_TIMEOUT = 10
 RETRY_BUDGET_S = 15
@@ -199,13 +200,13 @@ def open_connection(name, config, *, timeout=None, accept_new=False):
         except paramiko.ssh_exception.NoValidConnectionsError as e:
             cxn.client.close()
             errs = _socket_errors(e)
-            text = "; ".join(sorted({x.strerror or str(x) for x in errs}))
+            text = "; ".join(sorted({error_words(x) for x in errs}))
             if any(getattr(x, "errno", None) in TRANSIENT_ERRNOS for x in errs):
                 raise _Transient(text) from e
             raise HostUnreachable(f"cannot connect to {_describe(cxn)}: {text}") from None
         except (ConnectionResetError, ConnectionRefusedError, EOFError) as e:
             cxn.client.close()
-            raise _Transient(str(e) or type(e).__name__) from e
+            raise _Transient(error_words(e)) from e
         except paramiko.SSHException as e:
             # A handshake that failed fast is sshd dropping us (MaxStartups, restart):
             # retry. One that took the whole timeout is a host that never answered.
@@ -215,7 +216,7 @@ def open_connection(name, config, *, timeout=None, accept_new=False):
                 raise
             if time.monotonic() - t0 >= 0.9 * timeout:
                 raise socket.timeout() from e
-            raise _Transient(str(e) or type(e).__name__) from e
+            raise _Transient(error_words(e)) from e
 
     def retried():
         """The retry policy (tenacity), imported once a first attempt was refused: most
@@ -262,5 +263,5 @@ def open_connection(name, config, *, timeout=None, accept_new=False):
         raise HostUnreachable(f"{_describe(cxn)} did not answer within {_seconds(timeout)} (connect timeout)",
                               details=["a longer wait: fab -t N, or ConnectTimeout in your ssh config"]) from None
     except (paramiko.SSHException, OSError) as e:
-        raise HostUnreachable(f"cannot connect to {_describe(cxn)}: {e}") from None
+        raise HostUnreachable(f"cannot connect to {_describe(cxn)}: {error_words(e)}") from None
     return cxn

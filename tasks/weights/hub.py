@@ -4,21 +4,29 @@ machine with the real huggingface_hub client, each verified against what the hub
 The revision is resolved to a commit first (model_info with files_metadata: the commit
 `sha`, every file's size, and for LFS files the LFS sha256), and every file is fetched at
 that commit, so a branch moving mid-pull cannot mix two commits. The files land in the
-client's own cache on this machine (HF_HOME / HF_HUB_CACHE; a re-pull reads them from there
-and resumes a partial download); the local fan-out then carries them to the hosts, so the
+client's own cache on this machine (HF_HOME / HF_HUB_CACHE; a re-pull reads the files
+fetched whole from there); the local fan-out then carries them to the hosts, so the
 hub is read once however many hosts there are, at the cost of one copy of the model on this
 machine's disk. Checks: an LFS file's bytes must hash to the hub's LFS sha256; a small
 (git) file's to its git blob id; a mismatch removes the bad copy from the cache and fails
 naming the file. The token ([weights] HF_TOKEN) goes to the client in-process (token=),
 never on argv or in output.
+
+A file cut off midway (Ctrl-C, kill -9) is fetched again from its start: huggingface_hub 2.x
+writes each download to a temporary file of its own (`<etag>.<id>.incomplete`, its PR 4228)
+and resumes only within one run. One left by Ctrl-C or a kill is removed by the next pull,
+once no download holds its lock.
 """
+import fcntl
 import hashlib
 import importlib
 import os
+import re
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import LlmfabError, OperationFailed, UsageError
+from ..errors import ExitCode, LlmfabError, OperationFailed, UsageError
 from .local import OURS, hash_files
 
 INSTALL = "pip install 'llmfab[hub]' (the huggingface_hub client) on this machine"
@@ -66,7 +74,7 @@ def _errors(hh):
         (e.HfHubHTTPError, "the hub refused: check [weights] HF_TOKEN (a valid token with read "
                            "access) or try again later"),
         (_network_errors(), "cannot reach the hub (HF_ENDPOINT or the default): check the "
-                            "network, then pull again (a partial download resumes)"),
+                            "network, then pull again (files fetched whole are kept)"),
     )
 
 
@@ -107,9 +115,10 @@ def git_blob_id(path):
     return h.hexdigest()
 
 
-def list_files(w, line):
+def list_files(w, line, verify=False):
     """-> (commit, [{path, size, sha256, local}]) for the hf:// source `w`, every file fetched
-    here and verified; `line(text)` reports progress. OperationFailed (exit 1) naming the
+    here and verified (`verify`: the copies already in the cache hashed again too);
+    `line(text)` reports progress. OperationFailed (exit 1) naming the
     [weights] key and source for what the hub refuses or a file that does not verify."""
     hh = _client()
     token = _token(w)
@@ -126,6 +135,7 @@ def list_files(w, line):
             raise OperationFailed(f'[weights] "{w.path}": {w.source}: the repo holds {s.rfilename}, '
                                   "the name fab pull keeps its own record under: pull it another way")
     line(f"{w.source}: {w.revision} is commit {commit}; {len(siblings)} files")
+    _drop_partials(hh, w.repo)
 
     def fetch(s):
         cached = isinstance(hh.try_to_load_from_cache(w.repo, s.rfilename, revision=commit), str)
@@ -137,7 +147,8 @@ def list_files(w, line):
         return s, os.path.realpath(got), None if cached else time.monotonic() - start
 
     fetched, took = [], 0
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+    pool = ThreadPoolExecutor(max_workers=WORKERS)
+    try:
         for s, blob, secs in pool.map(fetch, siblings):
             if secs is not None:
                 size = os.path.getsize(blob)
@@ -145,9 +156,18 @@ def list_files(w, line):
                 rate = f", {size / max(secs, 1e-6) / 1e6:.0f} MB/s" if size >= (1 << 20) else ""
                 line(f"{s.rfilename} ({_size(size)}) fetched from the hub in {secs:.1f} s{rate}")
             fetched.append((s, blob))
+    except KeyboardInterrupt:
+        # The downloads run in threads the executor would wait for: a 50 GB shard would hold
+        # Ctrl-C for minutes. Stop here; their temporary files go at the next pull.
+        line("interrupted (Ctrl-C) while fetching from the hub: nothing was sent to the hosts; "
+             "the files fetched whole stay in this machine's hub cache")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ExitCode.INTERRUPTED)
+    pool.shutdown()
     if not took:
         line(f"{w.source}: every file already in this machine's hub cache")
-    files = hash_files([(s.rfilename, blob) for s, blob in fetched])
+    files = hash_files([(s.rfilename, blob) for s, blob in fetched], fresh=verify)
     for (s, blob), f in zip(fetched, files):
         bad = _mismatch(s, blob, f)
         if bad:
@@ -156,6 +176,46 @@ def list_files(w, line):
                                   "copy was removed from this machine's cache: pull again (a "
                                   "mismatch that stays means the hub serves other bytes than it lists)")
     return commit, files
+
+
+TEMP = re.compile(r"^(?P<etag>[0-9a-f]{40,64})\.[0-9a-f]{8}\.incomplete$")  # 2.x: one per download
+
+
+def _drop_partials(hh, repo):
+    """Remove the client's per-download temporary files of `repo` whose blob no download
+    holds the lock of (left by Ctrl-C or a kill): nothing ever resumes them, and each can be
+    as large as a shard."""
+    from huggingface_hub.file_download import repo_folder_name
+    folder = repo_folder_name(repo_id=repo, repo_type="model")
+    blobs = os.path.join(hh.constants.HF_HUB_CACHE, folder, "blobs")
+    try:
+        names = os.listdir(blobs)
+    except OSError:
+        return
+    for name in names:
+        m = TEMP.match(name)
+        if not m:
+            continue
+        path = os.path.join(blobs, name)
+        lock = os.path.join(hh.constants.HF_HUB_CACHE, ".locks", folder, m["etag"] + ".lock")
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o664)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the client's FileLock is flock(2)
+            _unlink(path)
+        except OSError:
+            pass  # a download in another fab (or other tool) is writing it
+        finally:
+            os.close(fd)
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _mismatch(s, blob, f):

@@ -55,9 +55,10 @@ def list_files(source, directory):
         raise UsageError(f"[weights] source {source!r}: cannot read {e.filename}: {e.strerror}") from None
 
 
-def hash_files(found):
+def hash_files(found, fresh=False):
     """[(path in the model dir, file here)] -> [{path, size, sha256, local}], hashed at most
-    once per (file, size, mtime, inode) across pulls (the cache file); OSError as raised."""
+    once per (file, size, mtime, inode) across pulls (the cache file; `fresh`: hash all
+    again, for --verify); OSError as raised."""
     cache_path = os.path.expanduser(CACHE)
     cache = _load_cache(cache_path)
 
@@ -66,7 +67,7 @@ def hash_files(found):
         st = os.stat(full)
         key = [st.st_size, st.st_mtime_ns, st.st_ino]
         hit = cache.get(full)
-        sha = hit[3] if hit and hit[:3] == key else _sha256(full)
+        sha = hit[3] if hit and hit[:3] == key and not fresh else _sha256(full)
         cache[full] = key + [sha]
         return {"path": rel, "size": st.st_size, "sha256": sha, "local": full}
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from ..errors import ExitCode, LlmfabError, OperationFailed, TaskFailed, UsageError
 from ..fleet.fanout import HostResult, emit_missing, error_record, summarize, worst
 from ..fleet.runner import host_kwargs, hosts_for, load
+from ..transport.host.common import error_words
 from ..output import Reporter, report_error
 from ..transport.agent import Host
 from . import hub
@@ -68,12 +69,18 @@ def pull(c, opts):
     names = hosts_for(c, profile)
     reporter = Reporter(names, json_mode=opts.json)
     dirs = []
-    for w in profile.weights:
-        if w.hub:
-            commit, listed = hub.list_files(w, lambda text: reporter.line("", text))
-        else:
-            commit, listed = None, list_files(w.source, w.local)
-        dirs.append({"path": w.path, "source": w.source, "commit": commit, "files": listed})
+    try:
+        for w in profile.weights:
+            if w.hub:
+                commit, listed = hub.list_files(w, lambda text: reporter.line("", text), opts.verify)
+            else:
+                commit, listed = None, list_files(w.source, w.local)
+            dirs.append({"path": w.path, "source": w.source, "commit": commit, "files": listed})
+    except OperationFailed as e:  # the hub refused or a file did not verify: no host gets it
+        if opts.json:  # one object per host, as always; the message once, on stderr
+            for n in names:
+                reporter.emit_json(error_record(n, e))
+        raise
     files = {(d["path"], f["path"]): f for d in dirs for f in d["files"]}
     for d in dirs:
         reporter.line("", f"{d['source']}: {len(d['files'])} files, "
@@ -198,8 +205,10 @@ def _grant(states, senders, pull_id, reporter, granted):
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llmfab-pull",
                             "-f", key], check=True, stdin=subprocess.DEVNULL, capture_output=True)
         except (OSError, subprocess.CalledProcessError) as e:
-            reporter.line("", f"cannot make the pull's SSH key ({e}); every host gets the files "
-                              "from here")
+            why = (error_words(e) if isinstance(e, OSError) else
+                   (e.stderr or b"").decode("utf-8", "replace").strip() or f"exit status {e.returncode}")
+            reporter.line("", f"cannot make the pull's SSH key (ssh-keygen: {why}); every host gets "
+                              "the files from here")
             return
         private, public = Path(key).read_text(), Path(key + ".pub").read_text().split()
     expiry = (datetime.now(timezone.utc) + KEY_LIFETIME).strftime("%Y%m%d%H%M")
@@ -302,7 +311,7 @@ def _one_copy(done, states, sender, host, key, offset, f, pull_id):
     except LlmfabError as e:
         answer = {"ok": False, "bytes": 0, "reason": e.message, "kind": "host" if sender is SOURCE else None}
     except Exception as e:  # a copy's own failure stays with its host
-        answer = {"ok": False, "bytes": 0, "reason": f"{type(e).__name__}: {e}"}
+        answer = {"ok": False, "bytes": 0, "reason": error_words(e)}
     done.put((sender, host, key, offset, answer))
 
 
@@ -334,7 +343,7 @@ def _from_here(st, order, local, pull_id):
                     out = b"".join(iter(lambda: chan.recv(65536), b""))
                 except OSError:
                     out = b""
-                rc, err = -1, str(e).encode()
+                rc, err = -1, error_words(e).encode()
             finally:
                 chan.close()
     try:

@@ -91,7 +91,7 @@ EOF
       --vary server.args.speculative-config.num_speculative_tokens=1,2,4 --baseline \
       --profiles "$P/self-drafter.toml,$P/random-drafter.toml" --concurrency 4 --requests 16 \
       --max-tokens 64 --repeat 1 --out "$W/tune"
-  step bench-compare 200 python3 benchmarks/vllm_bench_compare.py --python /tmp/vpy/bin/python3 \
+  step bench-compare 200 python3 benchmarks/run.py vllm-compare --python /tmp/vpy/bin/python3 \
       --model "$M/target" --arg max-model-len=1024 --arg gpu-memory-utilization=0.3 --arg enforce-eager=true \
       --env VLLM_USE_FLASHINFER_SAMPLER=0 --env HF_HUB_OFFLINE=1 --env VLLM_NO_USAGE_STATS=1 \
       --repeats 3 --num-prompts 64 --concurrency 4 --port 18350 --out "$W/bench-compare.json"

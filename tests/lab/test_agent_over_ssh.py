@@ -9,7 +9,7 @@ def test_over_ssh_cold_and_warm_each_take_one_connection_and_one_remote_command(
     """The `need` exchange rides the one command's stdin/stdout: still 1 + 1 (sshd's log)."""
     from fabric import Config
     sys.path.insert(0, str(TASKS.parent / "benchmarks"))
-    from measure import count_sshd
+    from harness import count_sshd
     from hostlab import wait_for
 
     shutil.rmtree(lab.home("h1") / ".cache" / "llmfab", ignore_errors=True)

@@ -10,11 +10,11 @@ import hashlib
 import json
 import os
 import signal
-import struct
 from pathlib import Path
 
 import pytest
 
+from genmodel import make_model
 from helpers import Background, fab, flat, write_profile
 from hostlab import HostLab, wait_for
 
@@ -32,35 +32,9 @@ def lab():
         yield the_lab
 
 
-def make_model(root, total_mib=MIB, shards=SHARDS):
-    """A safetensors model of `shards` files, `total_mib` MiB of random F16 tensors."""
-    root.mkdir(parents=True)
-    per = total_mib * (1 << 20) // shards
-    weight_map = {}
-    for i in range(1, shards + 1):
-        name = f"model-{i:05d}-of-{shards:05d}.safetensors"
-        tensor = f"model.layers.{i}.mlp.weight"
-        header = json.dumps({"__metadata__": {"format": "pt"}, tensor: {
-            "dtype": "F16", "shape": [per // 2], "data_offsets": [0, per // 2 * 2]}}).encode()
-        header += b" " * (-len(header) % 8)
-        with open(root / name, "wb") as f:
-            f.write(struct.pack("<Q", len(header)) + header)
-            left = per // 2 * 2
-            while left:
-                n = min(left, 8 << 20)
-                f.write(os.urandom(n))
-                left -= n
-        weight_map[tensor] = name
-    (root / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": per * shards}, "weight_map": weight_map}))
-    (root / "config.json").write_text(json.dumps({"architectures": ["Qwen3ForCausalLM"],
-                                                  "model_type": "qwen3"}))
-    return root
-
-
 @pytest.fixture(scope="module")
 def model(lab):
-    return make_model(Path(lab.root) / "source" / "gen-model")
+    return make_model(Path(lab.root) / "source" / "gen-model", MIB, SHARDS)
 
 
 @pytest.fixture(scope="module")

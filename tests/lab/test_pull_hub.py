@@ -1,18 +1,19 @@
 """`fab pull` of `hf://ORG/NAME@REV` sources (issue 30) onto 3 lab hosts, the real
 huggingface_hub client reading the hub stand-in on loopback (tests/standins/hub.py,
 HF_ENDPOINT): the commit recorded, the hub read once, a re-pull sending nothing, a corrupted
-download refused by its LFS sha256, refusals (revision, repo, token) as exit codes, and the
-token reaching the hub as a Bearer header and nowhere else.
+download refused by its LFS sha256, Ctrl-C mid-download, refusals (revision, repo, token,
+network) as exit codes, and the token reaching the hub as a Bearer header and nowhere else.
 """
 import hashlib
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
-from helpers import fab, write_profile
-from hostlab import HostLab
+from helpers import Background, fab, write_profile
+from hostlab import HostLab, wait_for
 from standins.hub import HubStandIn
 
 HOSTS = ["h1", "h2", "h3"]
@@ -42,6 +43,7 @@ def hub(lab):
         h.files = model_files("a")
         h.commit = h.add("org/model", h.files, token=TOKEN)
         h.add("org/other", model_files("b"), token=TOKEN)
+        h.add("org/slow", {"config.json": b"{}", "model.safetensors": os.urandom(12 << 20)}, token=TOKEN)
         h.env = {"HF_ENDPOINT": h.endpoint, "HF_HOME": str(Path(lab.root) / "hf-home"),
                  "LAB_HUB_TOKEN": TOKEN, "HF_HUB_DISABLE_TELEMETRY": "1"}
         yield h
@@ -106,11 +108,56 @@ def test_a_corrupted_download_is_refused_by_its_lfs_sha256_and_fetched_again_nex
     assert f'[weights] "{MODEL}": hf://org/other: {shard}: sha256 ' in text, text
     assert "the hub's LFS sha256 is" in text and "Traceback" not in text
     for h in HOSTS:  # nothing went to the hosts from a source that did not verify
-        assert json.loads(on_host(lab, h, "manifest.json").read_text())["source"] == "hf://org/model@main"
+        m = on_host(lab, h, "manifest.json")
+        assert not m.exists() or json.loads(m.read_text())["source"] != "hf://org/other"
     hub.repos["org/other"].corrupted.clear()
     r = fab(lab, "-H", "h1", "pull", "--json", profile=p, env=hub.env)
     assert objects(r.stdout)["h1"]["ok"] is True
     assert f"{shard} (3.0 MiB) fetched from the hub in " in r.stderr  # the bad copy was not kept
+
+    # A copy gone bad in this machine's cache, size and mtime unchanged: --verify hashes it again.
+    blob = Path(hub.env["HF_HOME"]) / "hub" / "models--org--other" / "blobs" / hashlib.sha256(
+        hub.repos["org/other"].files[shard]).hexdigest()
+    st = blob.stat()
+    with open(blob, "r+b") as f:
+        f.seek(100)
+        b = f.read(1)
+        f.seek(100)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    fab(lab, "-H", "h1", "pull", profile=p, env=hub.env)  # trusted by its size and mtime
+    r = fab(lab, "-H", "h1", "pull", "--verify", profile=p, env=hub.env, code=1)
+    assert f"{shard}: sha256 " in r.stderr and "the hub's LFS sha256 is" in r.stderr, r.stderr
+    r = fab(lab, "-H", "h1", "pull", profile=p, env=hub.env)
+    assert f"{shard} (3.0 MiB) fetched from the hub in " in r.stdout  # the bad copy was not kept
+
+
+def test_ctrl_c_mid_download_exits_at_once_and_a_killed_downloads_leftover_goes(lab, hub):
+    p = profile(lab, "hub-slow", "hf://org/slow")
+    blobs = Path(hub.env["HF_HOME"]) / "hub" / "models--org--slow" / "blobs"
+    shard = hashlib.sha256(hub.repos["org/slow"].files["model.safetensors"]).hexdigest()
+
+    def partial():  # the client writes what it receives in 10 MiB pieces
+        return next((f for f in blobs.glob("*.incomplete") if f.stat().st_size >= 10 << 20), None)
+
+    hub.fast, hub.rate = 10 << 20, 256 << 10  # its last 2 MiB take 8 s: Ctrl-C and kill -9 land midway
+    leftovers = []
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        bg = Background(lab, "-H", "h1", "pull", profile=p, env=hub.env)
+        try:
+            leftovers.append(wait_for(partial, 60, "a partial download in this machine's hub cache"))
+            bg.proc.send_signal(sig)
+            code = bg.finish()
+        finally:
+            bg.close()
+        if sig == signal.SIGINT:  # at once, not once the shard is in (the download threads)
+            assert code == 130 and "interrupted (Ctrl-C) while fetching from the hub" in bg.text, bg.text
+        assert not (blobs / shard).exists()
+    assert all(f.exists() for f in leftovers)  # huggingface_hub 2.x leaves them, never resumes them
+    hub.rate = None
+    r = fab(lab, "-H", "h1", "pull", "--json", profile=p, env=hub.env)
+    assert objects(r.stdout)["h1"]["ok"] is True and (blobs / shard).exists()
+    assert not any(f.exists() for f in leftovers)  # the next pull removed them
 
 
 @pytest.mark.parametrize("source, token, env, code, words", [
@@ -125,9 +172,12 @@ def test_what_the_hub_refuses_is_an_exit_code_naming_the_key_and_the_source(lab,
     p = profile(lab, "hub-refused", source, **({} if token else {"token": None}))
     assert "LAB_HUB_TOKEN" not in os.environ  # fab's environment is os.environ + `full`
     full = {k: v for k, v in dict(hub.env, **env).items() if v is not None}
-    r = fab(lab, "pull", profile=p, env=full, code=code)
-    text = " ".join((r.stdout + r.stderr).split())
+    r = fab(lab, "pull", "--json", profile=p, env=full, code=code)
+    text = " ".join(r.stderr.split())
     assert words in text, text
     if code == 1:
         assert f'[weights] "{MODEL}": {source}: ' in text
+        out = objects(r.stdout)  # every host's pull failed: one object each
+        assert set(out) == set(HOSTS) and all(o["ok"] is False and o["code"] == 1 and words in o["error"]
+                                              for o in out.values()), out
     assert "Traceback" not in text and TOKEN not in text and "hf_wrongToken" not in text

@@ -164,6 +164,28 @@ def test_rollback_with_no_earlier_release_that_started_exits_1_changing_nothing(
         stop(lab, good)
 
 
+def test_a_command_server_on_another_port_fails_in_seconds_naming_both_ports(lab):
+    """`[server] port` 31512, the command binds 31612: the wait sees the server's process tree
+    answer /health on 31612 while nothing listens on 31512, and fails long before [ready]
+    timeout (60 s) naming both ports and the key; the release is recorded failed, stopped."""
+    host, name, port, other = "h2", "unexp-wrong-port", 31512, 31612
+    prof = profile(lab, name, host, port, command=[HOST_PYTHON, "-c", SERVER, str(other), ""])
+    t0 = time.monotonic()
+    try:
+        r = fab(lab, "deploy", profile=prof, code=1)
+        took = time.monotonic() - t0
+        out = flat(r.stdout)
+        assert f"answers on port {other}, but [server] port is {port}" in out, out
+        assert f"set [server] port = {other}" in out and took < 30, (took, out)
+        st = status_json(lab, prof, 1)
+        assert st["state"] == "failed" and st["fatal"]["rule"] == "wrong-port", st
+        assert listing(lab, prof)[-1]["ended"].startswith("failed to start")
+        probe = f"import socket; socket.create_connection(('127.0.0.1', {other}), 2)"
+        assert lab.exec(host, [HOST_PYTHON, "-c", probe], capture_output=True).returncode != 0  # stopped
+    finally:
+        stop(lab, prof)
+
+
 # -- D: secrets are read only by tasks that launch ---------------------------------------
 
 def test_only_tasks_that_launch_need_the_secrets(lab):

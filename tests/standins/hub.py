@@ -23,13 +23,18 @@ credentials in Authorization header"; a gated repo 403 GatedRepo; an unknown rev
 RevisionNotFound; an unknown file 404 EntryNotFound.
 
 Knobs: add(..., token=T) makes the repo private (readable with `Authorization: Bearer T`;
-a token no repo has is invalid), gated=True gates it (T: the token of an account let in); corrupt(repo, path) makes the CDN serve one flipped byte while the
-listing keeps the true sha256. `requests` records (method, path, Authorization header,
-origin) of every request. Standard library only.
+a token no repo has is invalid), gated=True gates it (T: the token of an account let in);
+corrupt(repo, path) makes the CDN serve one flipped byte while the listing keeps the true
+sha256; `rate` (bytes/s) slows the CDN down after its first `fast` bytes, to catch a
+download midway. `requests` records
+(method, path, Authorization header, origin) of every request, `ranges` the Range header of
+each CDN GET. Standard library only.
 """
 import hashlib
 import json
+import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -83,6 +88,9 @@ class HubStandIn:
     def __init__(self):
         self.repos = {}
         self.requests = []
+        self.ranges = []      # the Range header of each CDN GET (None: the whole file)
+        self.rate = None      # bytes/s of the CDN after its first `fast` bytes of a response
+        self.fast = 0
         self._lock = threading.Lock()
         self._servers = []
 
@@ -115,11 +123,17 @@ class HubStandIn:
         class Handler(_Handler):
             pass
         Handler.standin, Handler.origin = standin, origin
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = _Server(("127.0.0.1", 0), Handler)
         server.daemon_threads = True
         threading.Thread(target=server.serve_forever, daemon=True).start()
         self._servers.append(server)
         return server
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):  # a client gone midway: as the hub
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -143,8 +157,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        if body and data:
-            self.wfile.write(data)
+        if not (body and data):
+            return
+        rate = self.standin.rate if self.origin == "cdn" else None
+        fast = min(self.standin.fast, len(data)) if rate else len(data)
+        self.wfile.write(data[:fast])
+        for at in range(fast, len(data), 64 << 10):
+            self.wfile.write(data[at:at + (64 << 10)])
+            time.sleep((64 << 10) / rate)  # a slow link (the CDN's pace), not a wait on anything
 
     def _error(self, code, error_code, message, body, extra=None):
         headers = {"Content-Type": "application/json", "X-Error-Message": message, **(extra or {})}
@@ -156,6 +176,9 @@ class _Handler(BaseHTTPRequestHandler):
         """200, or 206 for `Range: bytes=A-[B]`."""
         rng = self.headers.get("Range")
         headers = dict(headers, **{"Accept-Ranges": "bytes"})
+        if self.origin == "cdn" and body:
+            with self.standin._lock:
+                self.standin.ranges.append(rng)
         if rng and rng.startswith("bytes="):
             a, _, b = rng[len("bytes="):].partition("-")
             a = int(a or 0)

@@ -84,3 +84,28 @@ def test_a_grace_of_zero_is_a_kill_at_once_but_forever_is_refused(capsys):
         with pytest.raises(Exception) as e:
             seconds("grace", value)
         assert "--grace" in str(e.value) and repr(value) in str(e.value), e.value
+
+
+def test_help_shows_what_each_flag_takes_and_its_number_default():
+    """`fab --help TASK` (a real fab) names each value flag's type, never Invoke's STRING for
+    a flag whose default is None, and the defaults of number flags as tasks/options.py has them."""
+    import subprocess
+    import sys
+
+    from hostlab import REPO
+    from tasks.options import BenchOptions, Common, StopOptions
+
+    def help_of(task):
+        r = subprocess.run([sys.executable, "-m", "fabric", "--help", task], cwd=str(REPO),
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return " ".join(r.stdout.split())
+
+    deploy = help_of("deploy")
+    assert f"--parallel=INT at most this many hosts at once (default {Common.parallel})" in deploy
+    assert "--timeout=FLOAT seconds" in deploy and "--rolling=INT" in deploy
+    assert "--profile=PATH" in deploy and "STRING" not in deploy, deploy
+    assert f"--grace=FLOAT seconds between SIGTERM and SIGKILL (default {StopOptions.grace:g})" in help_of("stop")
+    bench = help_of("bench")
+    assert f"--concurrency=INT requests in flight at once (default {BenchOptions.concurrency})" in bench
+    assert "--temperature=FLOAT" in bench and "STRING" not in bench, bench

@@ -7,7 +7,7 @@ from tasks.weights.schedule import SOURCE, Fanout
 def simulate(n_hosts, n_files, *, fail=()):
     """Copy times until every host holds every file (each copy takes 1), and how many
     copies the source sent; `fail`: (host, file) pairs whose first copy fails."""
-    sizes = {("/m", f"f{i}"): 100 for i in range(n_files)}
+    sizes = {("/m", f"f{i}"): 100 << 20 for i in range(n_files)}
     hosts = [f"h{i}" for i in range(1, n_hosts + 1)]
     fan = Fanout(sizes=sizes, needs={h: {k: 0 for k in sizes} for h in hosts}, can_send=set(hosts))
     t, events, from_source, failing = 0, [], 0, set(fail)
@@ -37,7 +37,7 @@ def test_a_failed_copy_is_retried_and_the_others_still_finish():
 
 
 def test_a_host_out_of_the_pull_stops_getting_copies():
-    sizes = {("/m", "a"): 10}
+    sizes = {("/m", "a"): 10 << 20}
     fan = Fanout(sizes=sizes, needs={"h1": {("/m", "a"): 0}, "h2": {("/m", "a"): 0}},
                  can_send={"h1", "h2"})
     (sender, host, key, _), = fan.next_copies()
@@ -51,7 +51,17 @@ def test_a_host_out_of_the_pull_stops_getting_copies():
 
 
 def test_without_ssh_between_hosts_each_host_gets_every_file_from_here():
-    sizes = {("/m", "a"): 10}
+    sizes = {("/m", "a"): 10 << 20}
     fan = Fanout(sizes=sizes, needs={"h1": {("/m", "a"): 5}, "h2": {("/m", "a"): 0}}, can_send=set())
     copies = fan.next_copies()
     assert sorted((c[0], c[1], c[3]) for c in copies) == [(SOURCE, "h1", 5), (SOURCE, "h2", 0)]
+
+
+def test_a_small_file_comes_from_here_even_when_a_host_holds_it():
+    sizes = {("/m", "big"): 100 << 20, ("/m", "config.json"): 500}
+    fan = Fanout(sizes=sizes, needs={"h2": {("/m", "config.json"): 0}}, can_send={"h1", "h2"},
+                 holders={("/m", "config.json"): {"h1"}, ("/m", "big"): {"h1"}})
+    assert [(c[0], c[1]) for c in fan.next_copies()] == [(SOURCE, "h2")]
+    fan = Fanout(sizes=sizes, needs={"h2": {("/m", "big"): 0}}, can_send={"h1", "h2"},
+                 holders={("/m", "config.json"): {"h1"}, ("/m", "big"): {"h1"}})
+    assert [(c[0], c[1]) for c in fan.next_copies()] == [("h1", "h2")]

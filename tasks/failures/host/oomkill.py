@@ -9,6 +9,8 @@ needs root where kernel.dmesg_restrict is set: then nothing is known (None).
 import re
 import subprocess
 
+from .common import error_words
+
 KILLED = re.compile(r"(?:(?P<why>Out of memory|Memory cgroup out of memory): )?Killed process "
                     r"(?P<pid>\d+) \((?P<comm>[^)]*)\) total-vm:(?P<vm>\d+)kB, anon-rss:(?P<rss>\d+)kB")
 
@@ -29,7 +31,7 @@ def op_kernel_oom(req):
         proc = subprocess.run(["dmesg"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, timeout=5)
     except (OSError, subprocess.TimeoutExpired) as e:
-        return {"line": None, "error": "dmesg: %s" % e}
+        return {"line": None, "error": "dmesg: %s" % (error_words(e) if isinstance(e, OSError) else "timed out")}
     if proc.returncode != 0:
         return {"line": None, "error": proc.stderr.decode("utf-8", "replace").strip()[-300:]}
     return {"line": parse(proc.stdout.decode("utf-8", "replace"), req.get("pids") or ()), "error": None}

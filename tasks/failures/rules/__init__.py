@@ -31,10 +31,19 @@ LAUNCHER_FAILED = Rule(
     "run it by hand on the host (`<python> <release>/launch.py`) to see why",
 )
 
-RULES = tuple(sorted(engine.RULES + runtime.RULES + (EXITED, CANNOT_EXEC, LAUNCHER_FAILED),
+# Seen by the readiness wait, not in a log: the server's process tree answers /health on
+# another port while nothing listens on the one llmfab probes (tasks/steps/host/watch.py).
+WRONG_PORT = Rule(
+    "wrong-port", "the server listens on another port than [server] port", 0,
+    "the server answers on port {other}, but [server] port is {port} and nothing listens there",
+    "make them the same: set [server] port = {other}, or make the command bind port {port} "
+    "(its own flag in [server] command or [server.args])",
+)
+
+RULES = tuple(sorted(engine.RULES + runtime.RULES + (EXITED, CANNOT_EXEC, LAUNCHER_FAILED, WRONG_PORT),
                      key=lambda r: -r.priority))
 BY_ID = {r.id: r for r in RULES}
 if len(BY_ID) != len(RULES):
     raise RuntimeError("duplicate failure rule id in tasks/failures/rules")
 
-__all__ = ["ABOVE", "BELOW", "BY_ID", "EXITED", "Pattern", "ROOT", "RULES", "Rule"]
+__all__ = ["ABOVE", "BELOW", "BY_ID", "EXITED", "Pattern", "ROOT", "RULES", "Rule", "WRONG_PORT"]

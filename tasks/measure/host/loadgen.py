@@ -24,7 +24,7 @@ import json
 import threading
 import time
 
-from ...transport.host.common import HostError
+from ...transport.host.common import HostError, error_words
 from ...steps.host.probe import probe_host
 
 METRICS_LIMIT = 16 << 20          # bytes of /metrics text we accept
@@ -155,7 +155,7 @@ def one_request(url, body, headers, timeout):
         text = (e.read(ERROR_TEXT) if e.fp else b"").decode("utf-8", "replace")
         sample["error"] = ("HTTP %d: %s" % (e.code, text.strip()))[:ERROR_TEXT]
     except (OSError, ValueError) as e:
-        sample["error"] = ("%s: %s" % (type(e).__name__, getattr(e, "reason", e)))[:ERROR_TEXT]
+        sample["error"] = error_words(e)[:ERROR_TEXT]
     sample["latency_s"] = time.perf_counter() - t0
     return sample
 
@@ -314,7 +314,7 @@ def op_smoke(req):
         text = (e.read(ERROR_TEXT) if e.fp else b"").decode("utf-8", "replace").strip()
         raise HostError("POST %s answered HTTP %d: %s" % (url, e.code, text), kind="smoke_failed")
     except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
-        raise HostError("POST %s failed: %s: %s" % (url, type(e).__name__, getattr(e, "reason", e)),
+        raise HostError("POST %s failed: %s" % (url, error_words(e)),
                         kind="smoke_failed")
     return {"model": body["model"], "text": choice["text"], "completion_tokens": tokens,
             "seconds": time.monotonic() - t0}

@@ -4,7 +4,7 @@ import json
 import os
 
 from ...gpu.host import nvsmi
-from ...transport.host.common import cmdline, expand, fd_targets, pid_alive, pids, read_exit
+from ...transport.host.common import cmdline, error_words, expand, fd_targets, pid_alive, pids, read_exit, stat_fields
 
 LOG_CHUNK = 256 * 1024
 # [server] host values that mean every interface: anyone who reaches the host reaches the
@@ -26,8 +26,7 @@ def http_get(port, path, host="127.0.0.1", timeout=2.0, headers=None):
     except urllib.error.HTTPError as e:
         return e.code, e.read(1 << 16) if e.fp else b""
     except (OSError, ValueError) as e:
-        reason = getattr(e, "reason", e)
-        return None, str(reason).encode()
+        return None, error_words(e).encode()
 
 
 def probe_host(server_host):
@@ -67,6 +66,62 @@ def _listening_inodes(port):
         except (OSError, StopIteration):
             continue
     return inodes
+
+
+def listening_ports():
+    """{socket inode: TCP port} of every listening socket in /proc/net/tcp{,6}."""
+    out = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 9 and parts[3] == "0A":
+                        out[parts[9]] = int(parts[1].rsplit(":", 1)[1], 16)
+        except (OSError, StopIteration, ValueError):
+            continue
+    return out
+
+
+def process_tree(root):
+    """`root` and every process below it (by parent pid), from one pass over /proc."""
+    children = {}
+    for pid in pids():
+        fields = stat_fields(pid)
+        if fields and len(fields) > 1:
+            children.setdefault(int(fields[1]), []).append(pid)
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, ()))
+    return tree
+
+
+def tree_ports(root):
+    """The TCP ports that `root`'s process tree listens on."""
+    by_inode = listening_ports()
+    if not by_inode:
+        return set()
+    ports = set()
+    for pid in process_tree(root):
+        for target in fd_targets(pid):
+            if target.startswith("socket:["):
+                port = by_inode.get(target[8:-1])
+                if port is not None:
+                    ports.add(port)
+    return ports
+
+
+def serving_elsewhere(root, port, host, health_path):
+    """The port other than `port` on which `root`'s process tree listens and answers
+    `health_path` with 200, or None: a server told one port that bound another."""
+    for other in sorted(tree_ports(root) - {port}):
+        if http_get(other, health_path, host, timeout=1.0)[0] == 200:
+            return other
+    return None
 
 
 def port_holders(port):

@@ -8,7 +8,11 @@ agent checks, every TICK_S on the host, what decides a deploy:
   patterns of tasks/failures/logscan.py, sent with the request so their table stays the client's);
   the verdict itself stays the client's scanner's, this only answers early;
 - the port starting to accept connections, then /health and /v1/models answering
-  differently from the state the client last saw (`seen`).
+  differently from the state the client last saw (`seen`);
+- with `port_check` (command servers, whose argv llmfab does not write the port into), the
+  server's process tree answering /health with 200 on another port while the expected one is
+  closed: a server bound to the wrong port (why `wrong_port`, the port in `serving_on`), which
+  would otherwise be waited for until the timeout. Checked at most every PORT_CHECK_S.
 
 It answers at once on such a change (or on the first request, `seen` None), else after
 `wait_s` with the progress so far. Cheap while a model loads: a tick is a /proc read,
@@ -22,12 +26,13 @@ import time
 
 from ...gpu.host import nvsmi
 from ...transport.host.common import CONTEXT, expand, pid_alive, read_exit, read_stop
-from .probe import LOG_CHUNK, http_get, probe_host, read_log, served_models
+from .probe import LOG_CHUNK, http_get, probe_host, read_log, served_models, serving_elsewhere
 
 TICK_S = 0.05          # how often the host looks: events are seen within ~25 ms on average
 HTTP_EVERY_S = 0.1     # once the port accepts: /health (and /v1/models) at most this often
 SETTLE_S = 0.05        # after a hinted line: the lines that follow it (the explanation) too
 MAX_WAIT_S = 60.0      # one request never holds longer, whatever the client asks
+PORT_CHECK_S = 1.0     # while the port is closed (`port_check`): does the tree serve another?
 
 
 def address(host, port):
@@ -129,7 +134,7 @@ def op_watch(req):
     out = {"gpus": _gpus(req)} if req.get("nvidia_smi") else {}
     log = _Log(os.path.join(rdir, "server.log"), req.get("log_offset", 0))
     health = models = None
-    next_http, settle_until, why = 0.0, None, None
+    next_http, next_port_check, settle_until, why = 0.0, 0.0, None, None
     while why is None:
         now = time.monotonic()
         alive = pid_alive(pid)
@@ -152,6 +157,11 @@ def op_watch(req):
                 if status == 200 and req.get("models_path"):
                     models = served_models(port, req["models_path"], host, req.get("api_key"))
                 next_http = time.monotonic() + HTTP_EVERY_S
+            elif req.get("port_check") and now >= next_port_check:
+                other = serving_elsewhere(pid, port, host, req.get("health_path") or "/health")
+                next_port_check = time.monotonic() + PORT_CHECK_S
+                if other is not None:
+                    out["serving_on"], why = other, "wrong_port"
         state = {"alive": alive, "health": health if isinstance(health, int) else None,
                  "models": models}
         if why is None and (seen is None or state != seen):

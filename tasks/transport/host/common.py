@@ -50,6 +50,62 @@ def exit_words(returncode):
     return "exited with status %d" % returncode
 
 
+# What an OSError (a socket, a file, a URL) means, in the words a person reads: never Python's
+# "[Errno 111] Connection refused" or "<urlopen error ...>". errno values: errno(3) / Linux.
+ERRNO_WORDS = {
+    "ECONNREFUSED": "connection refused",
+    "ETIMEDOUT": "timed out",
+    "EHOSTUNREACH": "no route to host",
+    "EHOSTDOWN": "host is down",
+    "ENETUNREACH": "network unreachable",
+    "ECONNRESET": "connection reset",
+    "ECONNABORTED": "connection aborted",
+    "EPIPE": "connection closed",
+    "EADDRINUSE": "address already in use",
+    "EADDRNOTAVAIL": "address not available on this host",
+    "ENOENT": "no such file or directory",
+    "EACCES": "permission denied",
+    "ENOSPC": "no space left on device",
+}
+# Errors with no errno, by type name (http.client's, without importing it): what happened.
+TYPE_WORDS = {
+    "RemoteDisconnected": "the server closed the connection without answering",
+    "IncompleteRead": "the answer ended early",
+    "BadStatusLine": "not an HTTP answer",
+    "LineTooLong": "not an HTTP answer (a line too long)",
+}
+
+
+def error_words(e):
+    """One failure in words for a human line (and an `error` string in JSON): `connection
+    refused`, `timed out`, `no route to host`, `name not resolved`; from the errno or the
+    exception's type, never its repr. A URLError is worded by the error it wraps."""
+    import _socket  # the C module: socket.py's enums cost ~5 ms at import
+    import errno
+    for _ in range(4):  # URLError(reason=OSError(...)), at most a few deep
+        reason = getattr(e, "reason", None)
+        if isinstance(reason, BaseException):
+            e = reason
+        elif isinstance(reason, str) and isinstance(e, OSError) and e.errno is None:
+            return reason  # URLError("unknown url type: ...")
+        else:
+            break
+    if isinstance(e, _socket.gaierror):
+        return "name not resolved"
+    if isinstance(e, (_socket.timeout, TimeoutError)):
+        return "timed out"
+    if isinstance(e, OSError) and isinstance(e.errno, int) and e.errno > 0:
+        words = ERRNO_WORDS.get(errno.errorcode.get(e.errno, ""))
+        if words:
+            return words
+        if e.strerror:
+            return e.strerror[:1].lower() + e.strerror[1:]
+    words = TYPE_WORDS.get(type(e).__name__)
+    if words:
+        return words
+    return str(e).strip() or ("connection closed" if isinstance(e, EOFError) else type(e).__name__)
+
+
 def utc_iso(t=None):
     """2026-12-01T11:00:00+00:00: datetime's isoformat(timespec="seconds") in UTC, without
     importing datetime on every agent start."""

