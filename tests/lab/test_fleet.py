@@ -86,6 +86,13 @@ def private_ssh_config(lab, tmp_path, prepend=""):
 
 def test_eight_hosts_deploy_in_parallel_and_an_unreachable_one_fails_alone(lab):
     prof = demo_profile(lab, "fleet", hosts=lab.hosts + ["unreachable"])
+    try:
+        _eight_hosts(lab, prof)
+    finally:  # the other tests of this lab use the same port on these hosts
+        fab("stop", "--grace", "5", "-H", ",".join(lab.hosts), ssh_config=lab.ssh_config, profile=prof)
+
+
+def _eight_hosts(lab, prof):
     t0 = time.monotonic()
     r = ok(fab("deploy", ssh_config=lab.ssh_config, profile=prof), code=3)
     wall = time.monotonic() - t0
@@ -95,7 +102,7 @@ def test_eight_hosts_deploy_in_parallel_and_an_unreachable_one_fails_alone(lab):
         assert rows[h][0] == "ok" and rows[h][1].startswith("ready in"), rows[h]
         assert f"[{h}] ready in" in r.stdout
     assert rows["unreachable"][0] == "exit 3"
-    assert re.search(r"No route to host|did not answer within", rows["unreachable"][1]), rows
+    assert re.search(r"no route to host|did not answer within", rows["unreachable"][1]), rows
     # Every line before the summary names its host, as the user wrote it.
     names = "|".join(map(re.escape, rows))
     stray = [l for l in body if not re.match(rf"\[({names})\] ", l)]

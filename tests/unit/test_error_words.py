@@ -44,6 +44,33 @@ def silent_port():
         s.close()
 
 
+@contextlib.contextmanager
+def binary_port():
+    """A port that answers every connection with an HTTP/2 SETTINGS frame, as a gRPC server
+    (a Ray worker, say) does: bytes that are no HTTP/1 status line."""
+    import threading
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+
+    def serve():
+        while True:
+            try:
+                c, _ = s.accept()
+            except OSError:
+                return
+            with c:
+                c.sendall(b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x05\x00\x00@\x00\n")
+                c.shutdown(socket.SHUT_WR)
+                while c.recv(65536):  # until the client hangs up: closing with its request
+                    pass              # unread would reset the connection instead
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield s.getsockname()[1]
+    finally:
+        s.close()
+
+
 def raised(fn):
     try:
         fn()
@@ -79,6 +106,19 @@ def test_every_probe_and_request_words_a_refused_port():
     assert str(smoke.value) == f"POST http://127.0.0.1:{port}/v1/completions failed: connection refused"
     with silent_port() as port:
         assert probe.http_get(port, "/health", timeout=0.2) == (None, b"timed out")
+
+
+def test_a_port_that_answers_without_http_is_said_so_by_every_probe_never_raised():
+    # CI: a deploy ended "error: BadStatusLine: <binary>" when something else held the port.
+    with binary_port() as port:
+        raw = raised(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2))
+        assert type(raw).__name__ == "BadStatusLine"  # what Python raises: no OSError
+        assert probe.http_get(port, "/health") == (None, b"not an HTTP answer")
+        sample = bench.one_request(f"http://127.0.0.1:{port}/v1/completions", {"prompt": "x"}, {}, 2)
+        assert sample["ok"] is False and sample["error"] == "not an HTTP answer"
+        with pytest.raises(HostError) as smoke:
+            bench.op_smoke({"port": port, "model": "m"})
+    assert str(smoke.value).endswith("failed: not an HTTP answer")
 
 
 def test_status_line_of_a_server_whose_health_does_not_answer_names_no_python_value():

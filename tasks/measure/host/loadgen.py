@@ -34,7 +34,8 @@ SERVER_INFO_PATHS = ("/server_info", "/get_server_info")
 
 def _get(host, port, path, timeout=5.0, headers=None):
     """(status, text) or (None, error text). Never raises."""
-    import urllib.error  # here, not at the top: see probe.http_get
+    import http.client  # here, not at the top: see probe.http_get
+    import urllib.error
     import urllib.request
     req = urllib.request.Request("http://%s:%d%s" % (host, port, path), headers=headers or {})
     try:
@@ -42,8 +43,8 @@ def _get(host, port, path, timeout=5.0, headers=None):
             return r.status, r.read(METRICS_LIMIT).decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, (e.read(4096) if e.fp else b"").decode("utf-8", "replace")
-    except (OSError, ValueError) as e:
-        return None, str(getattr(e, "reason", e))
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        return None, error_words(e)
 
 
 def _server_info(host, port):
@@ -112,7 +113,8 @@ def carries_tokens(chunk):
 
 def one_request(url, body, headers, timeout):
     """Send one streamed request; return its sample (never raises)."""
-    import urllib.error  # here, not at the top: see probe.http_get
+    import http.client  # here, not at the top: see probe.http_get
+    import urllib.error
     import urllib.request
     sample = {"ok": False, "error": None, "ttft_s": None, "itl_s": [], "output_tokens": 0,
               "latency_s": None, "last_token_s": None, "usage": False}
@@ -154,7 +156,7 @@ def one_request(url, body, headers, timeout):
     except urllib.error.HTTPError as e:
         text = (e.read(ERROR_TEXT) if e.fp else b"").decode("utf-8", "replace")
         sample["error"] = ("HTTP %d: %s" % (e.code, text.strip()))[:ERROR_TEXT]
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, http.client.HTTPException) as e:
         sample["error"] = error_words(e)[:ERROR_TEXT]
     sample["latency_s"] = time.perf_counter() - t0
     return sample
@@ -290,7 +292,8 @@ def op_smoke(req):
 
     Not streamed: the answer's usage says how many tokens came back. Raises HostError
     (kind smoke_failed) naming what the server said instead."""
-    import urllib.error  # here, not at the top: see probe.http_get
+    import http.client  # here, not at the top: see probe.http_get
+    import urllib.error
     import urllib.request
     host, port = probe_host(req.get("host", "127.0.0.1")), req["port"]
     headers = {"Content-Type": "application/json"}
@@ -313,7 +316,8 @@ def op_smoke(req):
     except urllib.error.HTTPError as e:
         text = (e.read(ERROR_TEXT) if e.fp else b"").decode("utf-8", "replace").strip()
         raise HostError("POST %s answered HTTP %d: %s" % (url, e.code, text), kind="smoke_failed")
-    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+    except (OSError, ValueError, KeyError, IndexError, TypeError, AttributeError,
+            http.client.HTTPException) as e:
         raise HostError("POST %s failed: %s" % (url, error_words(e)),
                         kind="smoke_failed")
     return {"model": body["model"], "text": choice["text"], "completion_tokens": tokens,

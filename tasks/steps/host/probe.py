@@ -16,6 +16,7 @@ def http_get(port, path, host="127.0.0.1", timeout=2.0, headers=None):
     """(status, body bytes) or (None, error text). Never raises."""
     # Imported here, not at the top: urllib.request pulls in http.client, email and ssl
     # (~25 ms), which an agent that never probes HTTP (deploy --no-wait, stop) skips.
+    import http.client
     import urllib.error
     import urllib.request
     url = "http://%s:%d%s" % (host, port, path)
@@ -25,7 +26,7 @@ def http_get(port, path, host="127.0.0.1", timeout=2.0, headers=None):
             return r.status, r.read(1 << 20)
     except urllib.error.HTTPError as e:
         return e.code, e.read(1 << 16) if e.fp else b""
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, http.client.HTTPException) as e:  # HTTPException: not HTTP at all
         return None, error_words(e).encode()
 
 
