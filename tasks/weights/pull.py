@@ -11,6 +11,7 @@
 4. Every file lands as `.NAME.llmfab-part`, resumes from what is there, and is renamed to
    NAME only once its size and sha256 match (tasks/weights/host/receiver.py); then manifest.json.
 """
+import fnmatch
 import json
 import os
 import queue
@@ -37,6 +38,20 @@ from .schedule import SOURCE, Fanout
 
 KEY_LIFETIME = timedelta(hours=6)   # the expiry-time= of the pull's key (removed long before)
 SPARE = 64 << 20                    # bytes a host must keep free beyond the files
+SHOWN = 5                           # names a line lists before "and N more"
+
+# Files the source lacks that change what the engine loads: a FAIL, not a WARN. vLLM's
+# loader (model_executor/model_loader/default_loader.py, 0.32) globs the model directory's
+# top level for *.safetensors, else *.bin, and keeps only the shards the index names when
+# model.safetensors.index.json is there (weight_utils.filter_duplicate_safetensors_files);
+# so an extra top-level shard is loaded as weights unless the source has what `safe_if` names.
+LOADED_EXTRAS = (
+    {"glob": "*.safetensors", "safe_if": "model.safetensors.index.json",
+     "why": "vLLM loads every *.safetensors at the top of a model directory that has no "
+            "model.safetensors.index.json"},
+    {"glob": "*.bin", "safe_if": "*.safetensors",
+     "why": "vLLM loads every *.bin at the top of a model directory that has no *.safetensors"},
+)
 
 
 def _mib(n):
@@ -57,6 +72,8 @@ class _HostState:
         self.error = None
         self.already = 0
         self.bad = []
+        self.removed = []
+        self.extra = []
 
 
 def pull(c, opts):
@@ -112,15 +129,17 @@ def pull(c, opts):
             if n in fan.failed:
                 results[n] = _failed(reporter, n, OperationFailed(fan.failed[n]), st)
                 continue
+            loaded = []
             try:
                 for d in dirs:
-                    st.host.call("weights_manifest", path=d["path"], source=d["source"],
-                                 commit=d["commit"], files=[{k: f[k] for k in ("path", "size", "sha256")}
-                                                            for f in d["files"]], timeout=60)
+                    kept = st.host.call("weights_manifest", path=d["path"], source=d["source"],
+                                        commit=d["commit"], files=[{k: f[k] for k in ("path", "size", "sha256")}
+                                                                   for f in d["files"]], timeout=None)
+                    loaded += _leftovers(reporter, st, d, kept)
             except LlmfabError as e:
                 results[n] = _failed(reporter, n, e, st)
                 continue
-            results[n] = _done(reporter, st, dirs, opts, time.monotonic() - t0)
+            results[n] = _done(reporter, st, dirs, opts, time.monotonic() - t0, loaded)
     except KeyboardInterrupt:
         reporter.line("", "interrupted (Ctrl-C): partial files stay as .NAME.llmfab-part "
                           "(the next pull resumes them); no half file has a final name")
@@ -355,18 +374,63 @@ def _from_here(st, order, local, pull_id):
     return answer
 
 
-def _done(reporter, st, dirs, opts, seconds):
+def _names(paths):
+    shown = ", ".join(paths[:SHOWN])
+    return shown + (f" and {len(paths) - SHOWN} more" if len(paths) > SHOWN else "")
+
+
+def _files(n):
+    return f"{n} file" if n == 1 else f"{n} files"
+
+
+def _leftovers(reporter, st, d, kept):
+    """Say what the pull removed from directory `d` (files of the earlier pull the source
+    lacks) and what it left (files the source lacks that llmfab did not put there: never
+    deleted). -> the left files the engine would load as weights (LOADED_EXTRAS), as
+    (path, why)."""
+    root, names = d["path"], [f["path"] for f in d["files"]]
+    removed = [f"{root}/{rel}" for rel in kept.get("removed", ())]
+    extra = [f"{root}/{rel}" for rel in kept.get("extra", ())]
+    st.removed += removed
+    st.extra += extra
+    if removed:
+        reporter.line(st.name, f"removed {_files(len(removed))} of the earlier pull not in the "
+                               f"source: {_names(removed)}")
+    loaded = [(f"{root}/{rel}", rule["why"]) for rel in kept.get("extra", ()) for rule in LOADED_EXTRAS
+              if "/" not in rel and fnmatch.fnmatch(rel, rule["glob"])
+              and not any(fnmatch.fnmatch(n, rule["safe_if"]) for n in names if "/" not in n)]
+    if extra:
+        reporter.line(st.name, f"WARN: {_files(len(extra))} not in the source that llmfab did not "
+                               f"put there, left in place: {_names(extra)}; remove them by hand or "
+                               f"move them out of {root}")
+    return loaded
+
+
+def _done(reporter, st, dirs, opts, seconds, loaded=()):
     rec = {"host": st.name, "ok": True,
            "dirs": [{"path": d["path"], "source": d["source"], "commit": d["commit"],
                      "files": len(d["files"]), "bytes": sum(f["size"] for f in d["files"])}
                     for d in dirs],
            "files_present": st.already, "files_received": st.files_received,
            "bytes_received": st.received, "from": st.by_sender, "refetched": st.bad,
-           "verified": bool(opts.verify), "seconds": round(seconds, 3)}
+           "verified": bool(opts.verify), "seconds": round(seconds, 3),
+           "removed": st.removed, "extra_files": st.extra}
+    if loaded:
+        paths = [p for p, _ in loaded]
+        them = "it" if len(paths) == 1 else "them"
+        err = OperationFailed(
+            f"{_names(paths)}: not in the source and not put there by llmfab; {loaded[0][1]}, so "
+            f"the engine would load {them} as weights of this model: move {them} out of the "
+            "directory (or remove by hand), then `fab pull` again")
+        result = _failed(reporter, st.name, err, st)
+        result.json.update({k: rec[k] for k in ("dirs", "removed", "extra_files")})
+        return result
     if st.files_received:
         summary = f"{st.files_received} files, {_mib(st.received)} received"
     else:
         summary = "up to date: 0 bytes sent"
+    if st.extra:
+        summary += f"; WARN: {_files(len(st.extra))} not in the source left in place"
     reporter.line(st.name, f"{summary}; " + ", ".join(
         f"{d['path']} verified ({len(d['files'])} files)" for d in dirs))
     if opts.json:

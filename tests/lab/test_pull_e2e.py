@@ -196,3 +196,69 @@ def test_preflight_names_fab_pull_for_a_missing_pulled_model(lab, profile):
     assert not on_host(lab, "h8").exists()  # the full disk's host never got it
     r = fab(lab, "-H", "h8", "check", profile=profile, code=1)
     assert f"server.model: {MODEL} does not exist on this host; fix: `fab pull`" in flat(r.stdout), r.stdout
+
+
+def _pull_profile(lab, name, source):
+    return write_profile(lab, name, [
+        "[target]", f"hosts = {json.dumps(HOSTS)}", 'name = "pull"',
+        "[server]", 'engine = "vllm"', 'python = "/usr/bin/python3"', f'model = "{MODEL}"',
+        "[weights]", f'"{MODEL}" = "local:{source}"'])
+
+
+def test_a_repull_removes_the_earlier_pulls_files_and_keeps_the_users(lab, model):
+    # The next revision: the last shard gone, a small new one instead, the index rewritten.
+    # The shards it keeps are hard links (same inode: neither hashed nor sent again).
+    rev2 = Path(lab.root) / "source" / "gen-model-rev2"
+    rev2.mkdir()
+    shards = sorted(model.glob("*.safetensors"))
+    for p in shards[:-1] + [model / "config.json"]:
+        os.link(p, rev2 / p.name)
+    small = make_model(Path(lab.root) / "source" / "small", 1, 1)
+    new = "model-00005-of-00005.safetensors"
+    os.rename(small / "model-00001-of-00001.safetensors", rev2 / new)
+    index = json.loads((model / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: v if v != shards[-1].name else new for k, v in index["weight_map"].items()}
+    (rev2 / "model.safetensors.index.json").write_text(json.dumps(index))
+    old = shards[-1].name
+    on_host(lab, "h1", "NOTES.md").write_text("the user's own file\n")
+    on_host(lab, "h2", f".{old}.llmfab-part").write_bytes(b"\0" * 4096)  # llmfab's own partial file
+    r = fab(lab, "-H", "h1,h2", "pull", "--json", profile=_pull_profile(lab, "pull-rev2", rev2))
+    out = objects(r.stdout)
+    want = source_files(rev2)
+    for h in ("h1", "h2"):
+        o = out[h]
+        assert o["ok"] is True and o["files_received"] == 2, o  # the new shard and the new index
+        assert o["removed"] == [f"{MODEL}/{old}"], o
+        got = {p.name: sha(p) for p in on_host(lab, h).iterdir() if not p.name.startswith(".")}
+        manifest = json.loads(on_host(lab, h, "manifest.json").read_text())
+        assert {f["path"]: f["sha256"] for f in manifest["files"]} == want
+        assert manifest["source"] == f"local:{rev2}"
+        got.pop("manifest.json")
+        assert got == dict(want, **({"NOTES.md": sha(on_host(lab, "h1", "NOTES.md"))} if h == "h1" else {}))
+    assert out["h1"]["extra_files"] == [f"{MODEL}/NOTES.md"] and out["h2"]["extra_files"] == []
+    assert not on_host(lab, "h2", f".{old}.llmfab-part").exists()
+    text = flat(r.stderr + r.stdout)
+    assert f"[h1] removed 1 file of the earlier pull not in the source: {MODEL}/{old}" in text, text
+    assert (f"[h1] WARN: 1 file not in the source that llmfab did not put there, left in place: "
+            f"{MODEL}/NOTES.md; remove them by hand or move them out of {MODEL}") in text, text
+    assert "[h2] WARN" not in text
+
+    # No index in the source: an extra shard the user left would be loaded as weights (vLLM
+    # globs *.safetensors): exit 1 naming it, and still never deleted.
+    rev3 = Path(lab.root) / "source" / "gen-model-rev3"
+    rev3.mkdir()
+    for p in rev2.iterdir():
+        if p.name != "model.safetensors.index.json":
+            os.link(p, rev3 / p.name)
+    on_host(lab, "h1", "lora.safetensors").write_bytes(b"\0" * 4096)
+    r = fab(lab, "-H", "h1", "pull", "--json", profile=_pull_profile(lab, "pull-rev3", rev3), code=1)
+    o = objects(r.stdout)["h1"]
+    assert o["ok"] is False and o["code"] == 1, o
+    assert o["removed"] == [f"{MODEL}/model.safetensors.index.json"], o
+    assert o["extra_files"] == [f"{MODEL}/NOTES.md", f"{MODEL}/lora.safetensors"], o
+    assert o["error"].startswith(f"{MODEL}/lora.safetensors: not in the source and not put there "
+                                 "by llmfab; vLLM loads every *.safetensors"), o
+    assert on_host(lab, "h1", "lora.safetensors").exists() and on_host(lab, "h1", "NOTES.md").exists()
+    r = fab(lab, "-H", "h1", "pull", "--verify", "--json", profile=_pull_profile(lab, "pull-rev3", rev3),
+            code=1)
+    assert objects(r.stdout)["h1"]["extra_files"] == [f"{MODEL}/NOTES.md", f"{MODEL}/lora.safetensors"]

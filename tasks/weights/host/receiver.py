@@ -66,6 +66,74 @@ def sha256_of(path, h=None, limit=None):
     return h.hexdigest()
 
 
+MANIFEST = "manifest.json"
+
+
+def ours(rel):
+    """llmfab's own names in a model directory (never a user's file, never an extra): its
+    bookkeeping, their temporary files, and partial files `.NAME.llmfab-part`."""
+    base = os.path.basename(rel)
+    if rel in (MANIFEST, STAMPS, MANIFEST + ".tmp"):
+        return True
+    if rel == base and base.startswith(STAMPS + ".") and base.endswith(".tmp"):
+        return True
+    return base.startswith(".") and base.endswith(PART)
+
+
+def _walk(root):
+    """Every file under `root`, as paths relative to it (sorted)."""
+    found = []
+    for top, subdirs, names in os.walk(root):
+        subdirs.sort()
+        rel_top = os.path.relpath(top, root)
+        for name in sorted(names):
+            found.append(name if rel_top == "." else os.path.join(rel_top, name))
+    return found
+
+
+def _previous(root):
+    """{path: {path, size, sha256}} of the manifest an earlier `fab pull` wrote here, or {}."""
+    try:
+        with open(os.path.join(root, MANIFEST)) as f:
+            data = json.load(f)
+        if data.get("pulled_by") != "llmfab":
+            return {}
+        return {f["path"]: f for f in data["files"]}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _still_pulled(root, rel, rec, stamps):
+    """Is `rel` still the very file an earlier pull put here (its size and sha256 as the
+    manifest lists them)? A file the user replaced under the same name is not."""
+    full = os.path.join(root, rel)
+    try:
+        st = os.stat(full)
+        if st.st_size != rec["size"]:
+            return False
+        return stamps.get(rel) == [rec["sha256"]] + _stamp(st) or sha256_of(full) == rec["sha256"]
+    except (OSError, KeyError):
+        return False
+
+
+def leftovers(root, wanted, stamps):
+    """Files under `root` the source (paths `wanted`) lacks: -> (stale, extra). `stale`: an
+    earlier pull's, unchanged (the pull removes them); `extra`: anything else (a user's own:
+    never removed, only reported). llmfab's own names are neither."""
+    if not os.path.isdir(root):
+        return [], []
+    prev = _previous(root)
+    stale, extra = [], []
+    for rel in _walk(root):
+        if rel in wanted or ours(rel):
+            continue
+        if rel in prev and _still_pulled(root, rel, prev[rel], stamps):
+            stale.append(rel)
+        else:
+            extra.append(rel)
+    return stale, extra
+
+
 def _stamps(root):
     try:
         with open(os.path.join(root, STAMPS)) as f:
@@ -135,9 +203,11 @@ def op_weights_plan(req):
                     pass
                 need += f["size"] - rec["part"]
             out.append(rec)
+        stale, extra = leftovers(root, {f["path"] for f in d["files"]}, stamps)
         if os.path.isdir(root):
             _save_stamps(root, stamps)
-        dirs.append({"path": root, "files": out, "need": need, "free": _free(root)})
+        dirs.append({"path": root, "files": out, "need": need, "free": _free(root),
+                     "stale": stale, "extra": extra})
     ip, port = _address()
     return {"dirs": dirs, "ip": ip, "port": port, "receiver": os.path.abspath(__file__)}
 
@@ -270,15 +340,45 @@ def op_weights_send(req):
     return answer
 
 
+def _remove(root, rel):
+    os.unlink(os.path.join(root, rel))
+    head = os.path.dirname(rel)
+    while head:  # a subdirectory the removal left empty goes too
+        try:
+            os.rmdir(os.path.join(root, head))
+        except OSError:
+            break
+        head = os.path.dirname(head)
+
+
 def op_weights_manifest(req):
-    """manifest.json beside the weights: source, commit, files (path, size, sha256)."""
+    """Once every file of the source is here and verified: remove the files an earlier pull
+    put here that the source lacks (checked again: only those still unchanged) and partial
+    files of names the source lacks; then manifest.json beside the weights: source,
+    commit, files (path, size, sha256). -> `removed` (paths), `extra` (what stays)."""
+    root = req["path"]
+    wanted = {f["path"] for f in req["files"]}
+    stamps = _stamps(root)
+    stale, extra = leftovers(root, wanted, stamps)
+    partials = [rel for rel in _walk(root) if rel not in (MANIFEST, STAMPS) and ours(rel)
+                and os.path.basename(rel).endswith(PART)
+                and os.path.join(os.path.dirname(rel), os.path.basename(rel)[1:-len(PART)])
+                not in wanted]
+    try:
+        for rel in stale + partials:
+            _remove(root, rel)
+            stamps.pop(rel, None)
+    except OSError as e:
+        raise _host_error("cannot remove %s/%s (a file of the earlier pull the source lacks): %s"
+                          % (root, rel, e.strerror or e), "write_failed")
+    _save_stamps(root, stamps)
     data = {"source": req["source"], "commit": req.get("commit"), "files": req["files"],
             "pulled_by": "llmfab"}
-    tmp = os.path.join(req["path"], "manifest.json.tmp")
+    tmp = os.path.join(root, MANIFEST + ".tmp")
     with open(tmp, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
-    os.rename(tmp, os.path.join(req["path"], "manifest.json"))
-    return {"ok": True}
+    os.rename(tmp, os.path.join(root, MANIFEST))
+    return {"ok": True, "removed": stale, "extra": extra}
 
 
 # -- the receiver (this file run as a script) ---------------------------------------------
