@@ -86,7 +86,7 @@ def push_release(host, profile, ddir, entry=DEFAULT_ENTRY, engine_version=None):
     return rel
 
 
-def stop_running(host, ddir, reporter, grace=30, spot=None):
+def stop_running(host, ddir, reporter, grace=None, spot=None):
     """Stop the running release exactly as `fab stop` does (tasks/steps/shutdown.py), GPU check included."""
     from .steps.shutdown import stop_deployment
     return stop_deployment(host, ddir, reporter, grace=grace, by="fab deploy (a new release replaces it)",

@@ -22,8 +22,10 @@ from ..failures.failed_server import server_failed, wrong_port
 from ..failures.logscan import LogScanner
 from ..transport.agent import AgentStartFailed, ConnectionLost
 from .lock import PREEMPTING
+from .host.procs import DEFAULT_GRACE_S
 from ..output import fab_hint
 
+FAILED_GRACE_S = 10.0  # a server that already failed gets less than fab stop's grace to exit
 RECONNECT_BUDGET_S = 120
 ANSWER_MARGIN_S = 30  # a watch answers within its wait_s; this much later the connection is dead
 GPU_EVERY_S = 5.0     # nvidia-smi costs ~20 ms of CPU a run (H200, driver 580): not every second
@@ -203,7 +205,7 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
             raise
         reporter.line(name, "--stop-on-timeout: stopping the server")
         # Stopped on purpose (not ready in time): what it prints while stopping is no failure.
-        call_resilient(host, "stop", deploy_dir=ddir, grace=30, timeout=90,
+        call_resilient(host, "stop", deploy_dir=ddir, grace=DEFAULT_GRACE_S, timeout=DEFAULT_GRACE_S + 60,
                        by=f"fab {task} --stop-on-timeout (not ready in time)")
         err = NotReadyInTime(f"{e.what}; stopped it (--stop-on-timeout); its log stays in "
                              f"release {server['release']}", details=e.details)
@@ -213,7 +215,7 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
         report_error(reporter, name, e)  # the verdict first; the clean-up below may take seconds
         try:
             # by=None: stopped because it failed, which stays its explanation
-            call_resilient(host, "stop", deploy_dir=ddir, grace=10, by=None, timeout=60, budget=10)
+            call_resilient(host, "stop", deploy_dir=ddir, grace=FAILED_GRACE_S, by=None, timeout=60, budget=10)
         except Exception:
             pass
         fatal = getattr(e, "fatal", None)

@@ -19,6 +19,7 @@ import sys
 import time
 
 from ...gpu.host import nvsmi
+from ...steps.host.procs import DEFAULT_GRACE_S
 from ...transport.host.common import (HostError, cmdline, expand, group_members, kill_each, pid_alive, pids_marked, read_json, site_packages, utc_iso, write_json)
 
 MARKER = "LLMFAB_RAY"
@@ -186,7 +187,7 @@ def _stop(rdir, record, grace):
 def op_ray_stop(req):
     rdir = _dir(req)
     record = read_json(os.path.join(rdir, "ray.json"))
-    out = _stop(rdir, record, float(req.get("grace", 30)))
+    out = _stop(rdir, record, float(req.get("grace", DEFAULT_GRACE_S)))
     if record and record.get("role") == "head":
         # Ray's pointer for `ray.init(address="auto")`; stale once the head is gone.
         path = os.path.join("/tmp/ray", "ray_current_cluster")
