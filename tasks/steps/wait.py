@@ -97,8 +97,8 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
     ready_cfg = profile.ready
     timeout = ready_cfg.timeout if timeout is None else timeout
     if progress is None:  # the phase from the engine's lines (tasks/startup/host/phases.py's table)
-        from ..startup.estimate import Progress
-        progress = Progress(profile.server.engine, None)
+        from ..startup.estimate import Progress, launched_at
+        progress = Progress(profile.server.engine, None, launched_at=launched_at(server))
     served = profile.served_name
     scanner = LogScanner()
     state = {"offset": log_offset, "nvidia_smi": profile.gpu.nvidia_smi if gpu_probe else None,
