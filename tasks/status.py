@@ -203,7 +203,8 @@ def json_record(status):
 def verdict(status):
     healthy = status.healthy
     return HostResult(status.record["host"], 0 if healthy else ExitCode.FAILED,
-                      "healthy" if healthy else ("unhealthy" if status.record["running"] else "not running"))
+                      "healthy" if healthy else "unhealthy" if status.record["running"]
+                      else "not deployed" if status.record.get("deployed") is False else "not running")
 
 
 def status(c, opts):

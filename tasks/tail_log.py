@@ -65,10 +65,10 @@ class Printer:
         sys.stderr.flush()
 
 
-def _no_release(e, ddir):
+def _no_release(e):
     avail = e.data.get("available") or []
     listed = ", ".join(avail) if avail else "none"
-    return OperationFailed(f"{e}; releases in {ddir}: {listed}")
+    return OperationFailed(f"{e}; releases there: {listed}")
 
 
 def _reconnect(host, stop):
@@ -121,7 +121,7 @@ def tail_host(host, reporter, ddir, opts, stop, multi):
                       grep=opts.grep, timeout=120)
     except AgentError as e:
         if e.kind == "no_release":
-            raise _no_release(e, ddir) from None
+            raise _no_release(e) from None
         if e.kind == "bad_grep":
             raise UsageError(f"--grep: the host's Python rejects it: {e}") from None
         raise

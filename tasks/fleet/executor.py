@@ -44,7 +44,10 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab"):
     def parse_tasks():
         try:
             return original()
-        except (ParseError, ValueError) as e:
+        except ParseError as e:
+            raise Exit(f"error: {parse_error_words(e, program, binary)} (see `{binary} --help TASK`)",
+                       code=2) from None
+        except ValueError as e:
             raise Exit(f"error: {e} (see `{binary} --help TASK`)", code=2) from None
         except KeyboardInterrupt:
             raise Exit(INTERRUPTED_EARLY, code=130) from None
@@ -72,3 +75,31 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab"):
     program.execute = execute_130
     program._llmfab_wrapped = True
 
+
+def parse_error_words(e, program, binary="fab"):
+    """Invoke's parse errors in words: the flag as the user typed it, never `<Argument: ...>`,
+    and a task's flag given before any task name said to be one."""
+    import re
+    text = str(e)
+    m = re.match(r"Flag <Argument: ([\w-]+)", text)
+    if m:
+        name = m.group(1).replace("_", "-")
+        return "%s needs a value" % ("-" + name if len(name) == 1 else "--" + name)
+    m = re.match(r"No idea what '(.*)' is!$", text)
+    if not m:
+        return text
+    token, task = m.group(1), getattr(getattr(e, "context", None), "name", None)
+    if not token.startswith("-"):
+        return "no task %r; `%s --list` lists them" % (token, binary)
+    if task:
+        return "%s has no flag %s" % (task, token)
+    try:
+        tasks = sorted(c.name for c in program.collection.to_contexts() if token in c.flags)
+    except Exception:  # noqa: BLE001 - only a better hint is lost
+        tasks = []
+    if tasks:
+        import sys
+        named = [a for a in (getattr(program, "argv", None) or sys.argv) if a in tasks]
+        return ("%s is a flag of the task, not of %s: write it after the task name (%s %s %s ...)"
+                % (token, binary, binary, (named or tasks)[0], token))
+    return "unknown flag %s" % token

@@ -35,3 +35,18 @@ def test_bad_arguments_exit_2_with_one_line(argv):
     r = subprocess.run([sys.executable, "-m", "fabric"] + argv, cwd=REPO, capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and r.stderr.startswith("error: ")
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["status", "--profile"], "error: --profile needs a value"),
+    (["--profile", "p.toml", "status"], "error: --profile is a flag of the task, not of fab: write it "
+                                        "after the task name (fab status --profile ...)"),
+    (["status", "--bogus"], "error: status has no flag --bogus"),
+    (["--bogus", "status"], "error: unknown flag --bogus"),
+    (["stauts"], "error: no task 'stauts'; `fab --list` lists them"),
+])
+def test_parse_errors_name_the_flag_as_typed_never_invokes_objects(argv, said):
+    # Invoke says "Flag <Argument: profile> needed value and was not given one!".
+    r = subprocess.run([sys.executable, "-m", "fabric"] + argv, cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith(said), r.stderr
+    assert "<Argument" not in r.stderr and "No idea" not in r.stderr

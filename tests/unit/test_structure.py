@@ -191,4 +191,5 @@ def test_status_renders_a_dead_server_with_why():
         "not running: release 20260101T000000Z exited with status 0 at 2026-01-01T00:00:09+00:00",
         "  why: engine died: EngineDeadError"]
     assert verdict(st).summary == "not running"
-    assert render(Status(record(running=False, deployed=False, gpus=None))) == ["not deployed"]
+    gone = Status(record(running=False, deployed=False, gpus=None))
+    assert render(gone) == ["not deployed"] and verdict(gone).summary == "not deployed"
