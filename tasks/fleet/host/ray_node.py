@@ -48,6 +48,11 @@ ray.shutdown()
 '''
 
 
+# The ports `ray start` hands its worker processes unless told otherwise (Ray 2.x
+# ray/scripts/scripts.py: --min-worker-port 10002, --max-worker-port 19999); we pass neither.
+# A server port in this range can be taken by a worker before the server binds it.
+RAY_WORKER_PORTS = (10002, 19999)
+
 def _dir(req):
     return os.path.join(expand(req["deploy_dir"]), "ray")
 
