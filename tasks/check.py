@@ -9,7 +9,7 @@ and `code`, an unreachable host is `{host, ok: false, error, code}`.
 """
 from .doctor.findings import split
 from .fleet.fanout import HostResult
-from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight, secret_checks
+from .steps.preflight import deploy_dir, exposure_checks, preflight_request, ray_port_checks, run_preflight, secret_checks
 
 
 def check(c, opts):
@@ -25,7 +25,7 @@ def check(c, opts):
         # A FAIL raises PreflightFailed, whose --json object (ok false, checks, findings) the
         # fan-out prints (tasks/fleet/fanout.py error_record), as for an unreachable host.
         checks = run_preflight(host, reporter, preflight_request(profile, state),
-                               exposure_checks(profile) + secret_checks(profile))
+                               exposure_checks(profile) + ray_port_checks(profile) + secret_checks(profile))
         record["checks"], record["findings"] = split(checks)  # the doctor's (tasks/doctor/findings.py)
         if opts.json:
             reporter.emit_json(record)

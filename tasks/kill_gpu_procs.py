@@ -15,8 +15,6 @@ from .gpu.memory import gpu_lines, wait_freed
 from .gpu.host.nvsmi import tolerance
 from .output import processes, table_lines
 
-DEFAULT_GRACE_S = 10.0
-
 
 def selection(opts, profile):
     """The GPU indexes to free: --all (None: every GPU), --gpus, else the profile's."""

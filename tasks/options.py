@@ -13,6 +13,7 @@ import re
 from typing import Optional, Tuple
 
 from .errors import UsageError
+from .steps.host.procs import DEFAULT_GRACE_S, KILL_GPU_GRACE_S
 
 RELEASE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -170,13 +171,13 @@ class PullOptions(Common):
 
 @dataclasses.dataclass(frozen=True)
 class StopOptions(Common):
-    grace: float = 30.0
+    grace: float = DEFAULT_GRACE_S
     json: bool = False
 
     @staticmethod
     def convert(flags):
         grace = seconds("grace", flags.get("grace"))
-        flags["grace"] = 30.0 if grace is None else grace
+        flags["grace"] = DEFAULT_GRACE_S if grace is None else grace
         return flags
 
 
@@ -248,7 +249,7 @@ class RollbackOptions(Common):
 class KillGpuProcsOptions(Common):
     gpus: Optional[Tuple[int, ...]] = None
     all: bool = False
-    grace: float = 10.0
+    grace: float = KILL_GPU_GRACE_S
     dry_run: bool = False
     json: bool = False
 
@@ -259,7 +260,7 @@ class KillGpuProcsOptions(Common):
         if flags.get("gpus") is not None:
             flags["gpus"] = gpu_list(flags["gpus"])
         grace = seconds("grace", flags.get("grace"))
-        flags["grace"] = 10.0 if grace is None else grace
+        flags["grace"] = KILL_GPU_GRACE_S if grace is None else grace
         return flags
 
 

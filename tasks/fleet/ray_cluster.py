@@ -33,6 +33,7 @@ from ..output import processes
 from .fanout import HostResult, run_all, worst
 from ..profile.types import Profile, Secret
 from ..transport.agent import AgentError
+from ..steps.host.procs import DEFAULT_GRACE_S
 
 RAY_START_WAIT_S = 180.0   # one `ray start` (a loaded node can take a minute)
 CLUSTER_WAIT_S = 300.0     # until every node and GPU is listed
@@ -191,7 +192,7 @@ def _node_line(n):
 def stop_cluster(head, profile: Profile, reporter, *, ddir, grace):
     """After the server: Ray on every worker, then on the head. Returns nodes stopped."""
     from ..steps.lock import take_lock
-    grace = 30.0 if grace is None else grace
+    grace = DEFAULT_GRACE_S if grace is None else grace
 
     def worker(w):
         w.start()

@@ -8,6 +8,7 @@ import re
 
 from .types import ENGINES, RESTART_POLICIES, Cluster, Gpu, Ready, Server, Supervise, Target
 from .args import read_args, read_env
+from ..release.host.release_dirs import KEEP_RELEASES
 from .serverenv import VLLM_INT_FLAGS, vllm_flag
 from .readers import REQUIRED, no_nul_or_dates
 from .keys import Key, table
@@ -40,7 +41,7 @@ TARGET_KEYS = table(
     Key("workdir", "string", '"~/llmfab"',
         "the directory on the host that holds the deployments: an absolute path or one starting "
         "with ~/, without '..'"),
-    Key("keep_releases", "integer >= 2", "5",
+    Key("keep_releases", "integer >= 2", str(KEEP_RELEASES),
         "how many releases each host keeps; older ones are pruned after a deploy (never the "
         "current one or the one before it)"),
     Key("rolling", "integer >= 1", "none (all hosts at once)",
@@ -166,7 +167,7 @@ def _target(ck, t, default_name):
         name = _name(ck, default_name, p + ("name",),
                      f"{NAME_RULE} (the default is the profile's file name; set [target] name)")
     workdir = ck.get(t, p, "workdir", _workdir, "~/llmfab")
-    keep = ck.get(t, p, "keep_releases", lambda c, v, q: c.integer(v, q, lo=2), 5)
+    keep = ck.get(t, p, "keep_releases", lambda c, v, q: c.integer(v, q, lo=2), KEEP_RELEASES)
     # deploy in batches of this many hosts (tasks/fleet/rolling.py); None: all at once
     rolling = ck.get(t, p, "rolling", lambda c, v, q: c.integer(v, q, lo=1), None)
     return Target(hosts=hosts, name=name, workdir=workdir, keep_releases=keep, rolling=rolling)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional, Tuple, Union
 
 from .checktable import CheckCfg
+from ..release.host.release_dirs import KEEP_RELEASES
 from .serverargs import JsonTable, ServerArgs
 from .serverenv import ServerEnv
 
@@ -43,7 +44,7 @@ class Target:
     hosts: Tuple[str, ...]           # () means: this machine, no SSH (same as ("local",))
     name: str                        # deployment name: [A-Za-z0-9._-], not "." / ".."
     workdir: str                     # on the host; "~" allowed at the start
-    keep_releases: int = 5
+    keep_releases: int = KEEP_RELEASES
     rolling: Optional[int] = None    # deploy in batches of N hosts (tasks/fleet/rolling.py); None: all at once
 
 

@@ -15,6 +15,7 @@ restarts the server per the profile; the rest of launch.py is the same.
 import json
 
 from ..steps.argv import DEFAULT_ENTRY, server_argv
+from ..steps.host.procs import DEFAULT_GRACE_S
 from ..transport.agent_code import HOST_PACKAGE, host_files
 from ..profile.types import Profile
 
@@ -173,7 +174,7 @@ from llmfab_host.supervise.host.supervisor import run  # noqa: F401
 '''
 SUPERVISOR_FILES = ("supervise.py", "supervise_rules.json", SUPERVISOR_PACKAGE)  # names in the release
 SUPERVISING = ("running", "backoff", "waiting-for-gpu")  # supervisor states that may still launch
-SUPERVISED_GRACE_S = 30.0  # what is left of a crashed attempt gets fab stop's default grace
+SUPERVISED_GRACE_S = DEFAULT_GRACE_S  # what is left of a crashed attempt gets fab stop's default grace
 
 
 def supervise_config(profile: Profile):

@@ -5,7 +5,9 @@ The phases themselves are read on the host from the engine's log lines
 (tasks/startup/host/phases.py, whose table says which line ends which phase); a release
 keeps them as startup.json. Here: what deploy does with them.
 """
+import datetime
 import re
+import time
 
 from .host.phases import Parser
 
@@ -73,14 +75,25 @@ def engine_version(checks):
 MIN_RATE_BASE_S = 5.0  # below this much of the previous start, no speed ratio is trusted
 
 
+def launched_at(server):
+    """Epoch of the launch from the launch record (`started_at`, UTC ISO), or None."""
+    try:
+        return datetime.datetime.fromisoformat(server["started_at"]).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 class Progress:
     """The phase a start is in and, given the previous start of the same profile and engine
     version, the time left: what that start took from the end of the phase just finished
     to ready, less what has passed since this one finished it, scaled by how fast this start
     has been so far against that one (a busier host is slower in every phase alike)."""
 
-    def __init__(self, engine, previous, version=None):
-        self.parser = Parser(engine or "command", 0.0, version)
+    def __init__(self, engine, previous, version=None, launched_at=None):
+        """`launched_at`: the release's launch (epoch; `launched_at(server)`), so that the log's
+        times (vLLM's carry no year) are read in the launch's year, as the host reads them."""
+        launched_at = time.time() if launched_at is None else launched_at
+        self.parser = Parser(engine or "command", launched_at, version)
         self.previous = previous
         self.done_at = {}          # phase -> elapsed (this side's clock) when its line came
         self.last_done = None

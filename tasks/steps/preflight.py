@@ -92,6 +92,21 @@ def exposure_checks(profile: Profile):
     return [{"status": "WARN", "check": "exposure", "message": message}]
 
 
+def ray_port_checks(profile: Profile):
+    """WARN when a Ray cluster's server port lies where Ray gives its workers ports: a worker on
+    the head may hold it first, and the server then cannot bind it (or the probe meets the
+    worker's gRPC)."""
+    from ..fleet.host.ray_node import RAY_WORKER_PORTS
+    low, high = RAY_WORKER_PORTS
+    port = profile.server.port
+    if profile.cluster is None or profile.cluster.backend != "ray" or not low <= port <= high:
+        return []
+    return [{"status": "WARN", "check": "port", "message":
+             f"[server] port {port} lies in {low}-{high}, the ports Ray gives its worker processes: "
+             f"a Ray worker on the head may take it before the server binds it; choose a port "
+             f"outside that range (vLLM's own default is 8000)"}]
+
+
 # The flags by which a command server is told its address (uvicorn, http.server, gunicorn, ...).
 BIND_FLAGS = ("--host", "--bind", "-b")
 

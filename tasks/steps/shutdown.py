@@ -13,8 +13,7 @@ from ..errors import OperationFailed
 from ..output import processes
 from ..gpu.memory import FREE_TIMEOUT_S, gpu_lines, wait_freed
 from ..gpu.host.nvsmi import baseline_limits
-
-DEFAULT_GRACE_S = 30.0
+from .host.procs import DEFAULT_GRACE_S
 
 
 def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=FREE_TIMEOUT_S,

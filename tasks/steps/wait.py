@@ -22,8 +22,10 @@ from ..failures.failed_server import server_failed, wrong_port
 from ..failures.logscan import LogScanner
 from ..transport.agent import AgentStartFailed, ConnectionLost
 from .lock import PREEMPTING
+from .host.procs import DEFAULT_GRACE_S
 from ..output import fab_hint
 
+FAILED_GRACE_S = 10.0  # a server that already failed gets less than fab stop's grace to exit
 RECONNECT_BUDGET_S = 120
 ANSWER_MARGIN_S = 30  # a watch answers within its wait_s; this much later the connection is dead
 GPU_EVERY_S = 5.0     # nvidia-smi costs ~20 ms of CPU a run (H200, driver 580): not every second
@@ -95,8 +97,8 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
     ready_cfg = profile.ready
     timeout = ready_cfg.timeout if timeout is None else timeout
     if progress is None:  # the phase from the engine's lines (tasks/startup/host/phases.py's table)
-        from ..startup.estimate import Progress
-        progress = Progress(profile.server.engine, None)
+        from ..startup.estimate import Progress, launched_at
+        progress = Progress(profile.server.engine, None, launched_at=launched_at(server))
     served = profile.served_name
     scanner = LogScanner()
     state = {"offset": log_offset, "nvidia_smi": profile.gpu.nvidia_smi if gpu_probe else None,
@@ -203,7 +205,7 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
             raise
         reporter.line(name, "--stop-on-timeout: stopping the server")
         # Stopped on purpose (not ready in time): what it prints while stopping is no failure.
-        call_resilient(host, "stop", deploy_dir=ddir, grace=30, timeout=90,
+        call_resilient(host, "stop", deploy_dir=ddir, grace=DEFAULT_GRACE_S, timeout=DEFAULT_GRACE_S + 60,
                        by=f"fab {task} --stop-on-timeout (not ready in time)")
         err = NotReadyInTime(f"{e.what}; stopped it (--stop-on-timeout); its log stays in "
                              f"release {server['release']}", details=e.details)
@@ -213,7 +215,7 @@ def wait_or_clean_up(host, profile, ddir, server, reporter, *, task, timeout=Non
         report_error(reporter, name, e)  # the verdict first; the clean-up below may take seconds
         try:
             # by=None: stopped because it failed, which stays its explanation
-            call_resilient(host, "stop", deploy_dir=ddir, grace=10, by=None, timeout=60, budget=10)
+            call_resilient(host, "stop", deploy_dir=ddir, grace=FAILED_GRACE_S, by=None, timeout=60, budget=10)
         except Exception:
             pass
         fatal = getattr(e, "fatal", None)

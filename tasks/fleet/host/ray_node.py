@@ -19,6 +19,7 @@ import sys
 import time
 
 from ...gpu.host import nvsmi
+from ...steps.host.procs import DEFAULT_GRACE_S
 from ...transport.host.common import (HostError, cmdline, expand, group_members, kill_each, pid_alive, pids_marked, read_json, site_packages, utc_iso, write_json)
 
 MARKER = "LLMFAB_RAY"
@@ -46,6 +47,11 @@ print(json.dumps({"nodes": seen, "ray": ray.__version__}))
 ray.shutdown()
 '''
 
+
+# The ports `ray start` hands its worker processes unless told otherwise (Ray 2.x
+# ray/scripts/scripts.py: --min-worker-port 10002, --max-worker-port 19999); we pass neither.
+# A server port in this range can be taken by a worker before the server binds it.
+RAY_WORKER_PORTS = (10002, 19999)
 
 def _dir(req):
     return os.path.join(expand(req["deploy_dir"]), "ray")
@@ -186,7 +192,7 @@ def _stop(rdir, record, grace):
 def op_ray_stop(req):
     rdir = _dir(req)
     record = read_json(os.path.join(rdir, "ray.json"))
-    out = _stop(rdir, record, float(req.get("grace", 30)))
+    out = _stop(rdir, record, float(req.get("grace", DEFAULT_GRACE_S)))
     if record and record.get("role") == "head":
         # Ray's pointer for `ray.init(address="auto")`; stale once the head is gone.
         path = os.path.join("/tmp/ray", "ray_current_cluster")

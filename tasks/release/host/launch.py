@@ -12,7 +12,7 @@ import os
 import subprocess
 
 from ...transport.host.common import HostError, expand
-from .release_dirs import FAILED_FILE, point_current, prune
+from .release_dirs import FAILED_FILE, KEEP_RELEASES, point_current, prune
 from ...transport.host.common import utc_iso, write_json
 
 LAUNCH_TIMEOUT_S = 60
@@ -85,7 +85,7 @@ def op_launch(req):
         rule, cause, fix = exec_failure(record)
         raise failed(rpath, rule, cause, fix, line=record["error"],
                      errno=errno.errorcode.get(record.get("errno")))
-    removed = prune(ddir, int(req.get("keep", 5)))
+    removed = prune(ddir, int(req.get("keep", KEEP_RELEASES)))
     return {"server": record, "pruned": removed}
 
 

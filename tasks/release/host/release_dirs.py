@@ -96,6 +96,9 @@ def releases_sorted(ddir):
     return sorted(names, key=key)
 
 
+KEEP_RELEASES = 5  # releases a host keeps after a deploy ([target] keep_releases' default)
+
+
 def prune(ddir, keep):
     """Remove the oldest releases beyond `keep`; never the current one or the one before it."""
     names = releases_sorted(ddir)

@@ -15,6 +15,8 @@ import time
 from ...gpu.host import nvsmi, gpuprocs
 from ...supervise.host import supervisor_state
 from ...transport.host.common import (MARKER, STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive, pids_marked, proc_read, read_json, release_marker, utc_iso, write_json)
+DEFAULT_GRACE_S = 30.0  # SIGTERM -> SIGKILL of every stop (fab stop, deploy, supervisor, Ray): the one default
+KILL_GPU_GRACE_S = 10.0  # fab kill-gpu-procs: SIGTERM -> SIGKILL of processes that are not ours
 KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA process
 REAPER_WAIT_S = 2.0
 
@@ -164,7 +166,7 @@ def op_stop(req):
     before = None
     if base and base.get("gpus") and ours(ddir, (server or {}).get("pgid"))[0]:
         before = nvsmi.read_gpus(base.get("nvidia_smi") or "nvidia-smi")  # for the "8123 -> 3 MiB" lines
-    out = stop(ddir, float(req.get("grace", 30)), req.get("by", "fab stop"))
+    out = stop(ddir, float(req.get("grace", DEFAULT_GRACE_S)), req.get("by", "fab stop"))
     out["supervisor_was"] = supervised
     out["baseline"] = base
     out["gpus_before"] = before
@@ -226,4 +228,4 @@ def kill(targets, grace, by="fab kill-gpu-procs"):
 
 
 def op_kill_procs(req):
-    return kill(req["targets"], float(req.get("grace", 10)))
+    return kill(req["targets"], float(req.get("grace", KILL_GPU_GRACE_S)))

@@ -24,7 +24,7 @@ import time
 from ...transport.host.common import exit_words, pids_marked, read_json, signal_name, utc_iso, write_json
 from ...gpu.host.nvsmi import baseline_limits, gpus_over
 from .hangwatch import HangWatch, fatal_line, load_rules
-from ...steps.host.procs import KILL_WAIT_S, stop_own_group
+from ...steps.host.procs import DEFAULT_GRACE_S, KILL_WAIT_S, stop_own_group
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # USR1: `fab stop`'s request; TERM: any stop
 TICK_S = 5.0  # longest sleep between looks when nothing happens (idle CPU stays ~0)
@@ -210,7 +210,7 @@ class Supervisor:
                 # runs: the attempt's leftovers (an EngineCore outliving its API server holds
                 # the GPU) are being ended, so the state is no longer "running".
                 self.publish(state="waiting-for-gpu")
-                stop_own_group(self.rel.marked, self.cfg.get("grace", 30.0), self.sleep)
+                stop_own_group(self.rel.marked, self.cfg.get("grace", DEFAULT_GRACE_S), self.sleep)
                 try:
                     proc.wait(KILL_WAIT_S)
                 except subprocess.TimeoutExpired:  # stuck in the kernel; its returncode stays None
