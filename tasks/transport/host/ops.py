@@ -64,7 +64,7 @@ OPS = {
     "smoke": OpInfo("measure.host.loadgen", "op_smoke", "one 1-token completion"),
     # weights (fab pull)
     "weights_plan": OpInfo("weights.host.receiver", "op_weights_plan", "which model files are present and verified, "
-                                                         "which partial, which the source lacks; bytes needed and free"),
+                                                         "which partial; bytes needed and free"),
     "weights_prepare": OpInfo("weights.host.receiver", "op_weights_prepare", "create the model directories, install "
                                                                "the receiver, drop stale pull keys"),
     "weights_grant": OpInfo("weights.host.receiver", "op_weights_grant", "authorise the pull's key from its hosts "

@@ -203,11 +203,9 @@ def op_weights_plan(req):
                     pass
                 need += f["size"] - rec["part"]
             out.append(rec)
-        stale, extra = leftovers(root, {f["path"] for f in d["files"]}, stamps)
         if os.path.isdir(root):
             _save_stamps(root, stamps)
-        dirs.append({"path": root, "files": out, "need": need, "free": _free(root),
-                     "stale": stale, "extra": extra})
+        dirs.append({"path": root, "files": out, "need": need, "free": _free(root)})
     ip, port = _address()
     return {"dirs": dirs, "ip": ip, "port": port, "receiver": os.path.abspath(__file__)}
 
