@@ -8,9 +8,11 @@ served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
 `cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
 `ready_s`, as its deploy recorded them; from /metrics also `requests_running,
 requests_waiting, kv_cache_usage` (0..1), null where the engine does not say), `gpu_holders`
-[{pid, name, gpu, mib, ours}]: every process with memory on the profile's GPUs, `ours` when it
-carries this deployment's release marker (with no server running, such a one is named in the
-text with the `fab kill-gpu-procs` that frees it), and the lines
+[{pid, name, gpu, mib, ours, deployment, release}]: every process with memory on the profile's
+GPUs, `ours` when it is one of this deployment's (steps/host/identity.py; with no server
+running such a one is named in the text with the `fab kill-gpu-procs` that frees it), else
+the other llmfab deployment it belongs to or none, one line each; `identity` (what makes a
+process this deployment's: "cgroup", "session", or "marker" for an older release), and the lines
 only a human reads. `render(status)` turns it into text and
 `verdict(status)` into the host's result: no host is needed to test either.
 Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
@@ -22,6 +24,7 @@ from .errors import ExitCode
 from .transport.host.common import exit_words
 from .fleet.fanout import HostResult
 from .output import Block, fab_hint, indented
+from .gpu.memory import other_holder_lines
 
 
 @dataclass
@@ -78,18 +81,22 @@ def gather(host, profile, ddir):
     record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
                   ready_s=started.get("ready_s"))
     out = Status(record)
-    # the GPUs' memory, and who holds it (ours: carries this deployment's release marker,
-    # gpu/host/gpuprocs.py), in one round trip
+    # the GPUs' memory, and who holds it (ours: one of this deployment's processes,
+    # steps/host/identity.py; else another deployment's or nobody's), in one round trip
     smi = dict(nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
     gpus, holders = host.batch([("gpus", smi), ("gpu_holders", dict(smi, deploy_dir=ddir))])
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
                       for g in (gpus["gpus"] or [])] or None
     held = holders["holders"]
-    record["gpu_holders"] = [{k: h[k] for k in ("pid", "name", "gpu", "mib", "ours")} for h in held]
+    record["gpu_holders"] = [{k: h.get(k) for k in ("pid", "name", "gpu", "mib", "ours", "deployment", "release")}
+                             for h in held]
+    record["identity"] = (server.get("identity") or "marker") if server else None
     if not alive:  # an engine child that outlived its server keeps the GPU from the next start
         out.holder_lines = [f"GPU {h['gpu']}: pid {h['pid']} ({h['name']}) of release {h['release']} holds "
-                            f"{h['mib']} MiB; `{fab_hint(profile, 'kill-gpu-procs')}` frees it"
-                            for h in held if h["ours"]]
+                            f"{h['mib']} MiB with no server running; `{fab_hint(profile, 'kill-gpu-procs')}` "
+                            "frees it" for h in held if h["ours"]]
+    # always: who else holds memory on this deployment's GPUs (another deployment, or not ours)
+    out.holder_lines += other_holder_lines(held)
     if alive:
         poll = host.call("poll", deploy_dir=ddir, release=server["release"], pid=server["pid"],
                          port=server["port"], host=profile.server.host,

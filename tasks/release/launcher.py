@@ -28,8 +28,10 @@ It starts the server detached (own session and process group), appends its outpu
 to server.log beside this file, records ../../server.json, and returns at once.
 Standard library only; Python >= 3.9.
 """
+import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -49,6 +51,9 @@ SECRET_NAMES = {secret_names}
 CACHE_ENV = {cache_env}
 
 PORT = {port}
+
+# Which deployment this is, for the cgroup its processes run in: llmfab/<KEY>/<release>.
+NAME = {name_literal}
 
 
 def _now():
@@ -80,6 +85,58 @@ def _environment(here):
     return env
 
 
+def _start_ticks():
+    with open("/proc/self/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[19])
+
+
+def _key(deployment):
+    """`<NAME>-<8 hex>`: the hex hashes the deployment directory's path and inode, so two hosts
+    sharing /sys never share a cgroup (the same as tasks/steps/host/identity.py deployment_key)."""
+    st = os.stat(deployment)
+    ident = "%s\\0%d\\0%d" % (deployment, st.st_dev, st.st_ino)
+    digest = hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    return "%s-%s" % ((re.sub(r"[^A-Za-z0-9._-]+", "_", NAME).strip("._-") or "deployment")[:40], digest)
+
+
+def _cgroup_mount():
+    """The cgroup2 mount point, else a v1 hierarchy that only groups processes, or None."""
+    v1 = None
+    try:
+        with open("/proc/self/mountinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        parts, fs = left.split(), right.split()
+        if len(parts) < 5 or len(fs) < 3:
+            continue
+        if fs[0] == "cgroup2":
+            return parts[4].replace("\\\\040", " ")
+        if fs[0] == "cgroup" and v1 is None and {{"name=systemd", "pids"}} & set(fs[2].split(",")):
+            v1 = parts[4].replace("\\\\040", " ")
+    return v1
+
+
+def _identity(here):
+    """Put this process (the reaper: the server and everything it starts follow) in a cgroup
+    of the release's own, llmfab/<KEY>/<release>; where none can be made, the session it leads
+    identifies them. identity.json says which (read by tasks/steps/host/identity.py)."""
+    record = {{"identity": "session", "cgroup": None, "sid": os.getsid(0), "sid_start": _start_ticks()}}
+    mount = None if os.environ.get("LLMFAB_NO_CGROUP") else _cgroup_mount()
+    if mount:
+        rel = "/llmfab/%s/%s" % (_key(os.path.dirname(os.path.dirname(here))), os.path.basename(here))
+        try:
+            os.makedirs(mount + rel, exist_ok=True)
+            with open(mount + rel + "/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+            record.update(identity="cgroup", cgroup=rel)
+        except OSError as e:
+            record["cgroup_error"] = "%s: %s" % (mount + rel, e.strerror)
+    _write_json(os.path.join(here, "identity.json"), record)
+
+
 {reaper}
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
@@ -95,12 +152,21 @@ def main():
     if "error" in report:
         print(json.dumps(report))
         return 1
+    identity = {{}}
+    try:
+        with open(os.path.join(here, "identity.json")) as f:
+            identity = json.load(f)
+    except (OSError, ValueError):
+        pass
     record = {{
         "pid": report["pid"],
         "pgid": reaper,
         "started_at": _now(),
         "release": os.path.basename(here),
         "port": PORT,
+        "name": NAME,
+        "identity": identity.get("identity"),
+        "cgroup": identity.get("cgroup"),
     }}
     _write_json(os.path.join(os.path.dirname(os.path.dirname(here)), "server.json"), record)
     print(json.dumps(record))
@@ -117,6 +183,7 @@ PLAIN_REAPER = '''\
 def _reaper(here, env, report_fd):
     """Child: lead a new session, start the server in it, record how it ended."""
     os.setsid()
+    _identity(here)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -158,6 +225,7 @@ def _reaper(here, env, report_fd):
     """Child: lead a new session; supervise.py starts the server and restarts it per SUPERVISE,
     records every attempt in restarts.jsonl and how the last one ended in exit.json."""
     os.setsid()
+    _identity(here)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -241,6 +309,7 @@ def render_launcher(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None) 
     return TEMPLATE.format(
         cache_env=_literal(cache_env(profile, engine_version)),
         name="'%s'" % _in_docstring(profile.target.name),
+        name_literal=repr(profile.target.name),
         profile_name=_in_docstring(profile.path.name),
         digest=profile.digest[:12],
         argv=_literal(server_argv(profile, entry)),

@@ -12,6 +12,7 @@ from ..output import Block
 from ..profile.types import Profile
 from ..doctor.host_request import doctor_request
 from ..weights.sources import pull_fixes
+from ..gpu.ask import memory_ask
 
 
 def deploy_dir(profile: Profile):
@@ -41,6 +42,7 @@ def preflight_request(profile: Profile, state=None):
         nvidia_smi=profile.gpu.nvidia_smi,
         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
         min_free_mib=profile.gpu.min_free_mib,
+        ask=memory_ask(profile),  # what the engine will take of each GPU (tasks/gpu/ask.py)
         models=models_request(profile),
         doctor=doctor_request(profile),  # the rules of tasks/doctor/host/spec_rules.py
     )

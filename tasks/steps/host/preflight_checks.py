@@ -139,7 +139,21 @@ def check_disk(deploy_dir, min_free_mib=MIN_DISK_FREE_MIB):
     return _rec("disk", "OK", msg)
 
 
-def check_gpus(nvidia_smi, devices, min_free):
+def _ask_check(g, free, ask):
+    """FAIL when the engine's start-up fraction of this device (tasks/gpu/ask.py) is more than
+    is free, with both numbers and the largest fraction that fits; None when it fits."""
+    want = ask["fraction"] * g["total_mib"]
+    if free >= want:
+        return None
+    fit = max(0.0, int(free / g["total_mib"] * 100 - 2) / 100)  # as failure rule util_fit: 2 points spare
+    return _rec("gpu", "FAIL", "GPU %d: the engine will ask %s %g x %d MiB = %d MiB at start-up%s, but only "
+                "%d MiB is free; set %s to at most %.2f in [server.args], or free the GPU (`fab status` "
+                "names who holds it)" % (g["index"], ask["flag"], ask["fraction"], g["total_mib"], want,
+                                         " (the engine's default)" if ask.get("default") else "", free,
+                                         ask["flag"], fit))
+
+
+def check_gpus(nvidia_smi, devices, min_free, ask=None, held=()):
     gpus = nvsmi.read_gpus(nvidia_smi)
     if gpus is None:
         status = "FAIL" if min_free else "WARN"
@@ -153,10 +167,19 @@ def check_gpus(nvidia_smi, devices, min_free):
     out = []
     for g in chosen:
         free = None if g["used_mib"] is None or g["total_mib"] is None else g["total_mib"] - g["used_mib"]
+        # what this deployment's running server holds comes back before the launch (a redeploy stops it)
+        own = sum(h["mib"] for h in held if h.get("live") and h["gpu"] == g["index"])
+        if free is not None:
+            free += own
         msg = "GPU %d %s: %s MiB free of %s" % (g["index"], g["name"], free, g["total_mib"])
+        if own:
+            msg += " (with the %d MiB this deployment's server gives back)" % own
+        failed = _ask_check(g, free, ask) if ask and free is not None and g["total_mib"] else None
         if min_free and (free is None or free < min_free):
             out.append(_rec("gpu", "FAIL", msg + ", below gpu.min_free_mib = %d; free it with "
                             "`fab kill-gpu-procs`" % min_free))
+        elif failed:
+            out.append(failed)
         else:
             out.append(_rec("gpu", "OK", msg))
     return out
@@ -175,23 +198,46 @@ def run(req):
     checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
     if req.get("deploy_dir"):
         checks.append(check_disk(req["deploy_dir"]))
-    checks += check_gpus(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"), req.get("min_free_mib", 0))
+    smi = req.get("nvidia_smi") or "nvidia-smi"
+    held = gpu_holders(req.get("deploy_dir"), smi, req.get("devices"))
+    checks += check_gpus(smi, req.get("devices"), req.get("min_free_mib", 0), req.get("ask"), held)
     if req.get("deploy_dir"):
-        checks += check_orphans(req["deploy_dir"], req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))
+        checks += check_orphans(req["deploy_dir"], held)
+        checks += check_neighbours(held)
     return checks
 
 
-def check_orphans(ddir, nvidia_smi, devices):
-    """A FAIL for each process of this deployment that holds GPU memory while not being part of
-    the live server (an engine child left behind by a killed server); others: check_gpus."""
-    from ...transport.host.common import expand, read_json, server_alive
+def gpu_holders(ddir, nvidia_smi, devices):
+    """gpuprocs.holders of the deployment's GPUs, with `live` (the holder is part of this
+    deployment's running server, which a redeploy stops first); [] without a deploy_dir."""
+    from ...transport.host.common import expand, read_json
+    from .identity import server_alive
     from ...gpu.host.gpuprocs import holders
+    if not ddir or not nvsmi.available(nvidia_smi):
+        return []
     ddir = expand(ddir)
     server = read_json(os.path.join(ddir, "server.json"))
     live = server["release"] if server and server_alive(ddir, server) else None
+    return [dict(h, live=h["ours"] and h["release"] == live) for h in holders(ddir, nvidia_smi, devices)]
+
+
+def check_orphans(ddir, held):
+    """A FAIL for each process of this deployment that holds GPU memory while not being part of
+    the live server (an engine child left behind by a killed server); others: check_gpus."""
     return [_rec("gpu", "FAIL", "GPU %d: pid %d (%s) of release %s holds %s MiB with no server running; "
                  "free it with `fab kill-gpu-procs`" % (h["gpu"], h["pid"], h["name"], h["release"], h["mib"]))
-            for h in holders(ddir, nvidia_smi, devices) if h["ours"] and h["release"] != live]
+            for h in held if h["ours"] and not h["live"]]
+
+
+def check_neighbours(held):
+    """A WARN per other llmfab deployment on the deployment's GPUs: they share the memory."""
+    seen = {}
+    for h in held:
+        if not h["ours"] and h.get("deployment"):
+            seen.setdefault((h["gpu"], h["deployment"], h["release"]), 0)
+            seen[(h["gpu"], h["deployment"], h["release"])] += h["mib"]
+    return [_rec("gpu", "WARN", "GPU %d is shared with another deployment: %s (release %s) holds %d MiB"
+                 % (gpu, name, rel, mib)) for (gpu, name, rel), mib in sorted(seen.items())]
 
 
 def op_preflight(req):

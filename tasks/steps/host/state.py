@@ -4,7 +4,8 @@ import os
 import time
 
 from ...supervise.host import supervisor_state
-from ...transport.host.common import expand, read_exit, read_json, server_alive
+from ...transport.host.common import expand, read_exit, read_json
+from .identity import server_alive
 from ...release.host.release_dirs import FAILED_FILE, current_release, releases_sorted
 
 

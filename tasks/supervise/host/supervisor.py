@@ -21,7 +21,8 @@ import signal
 import subprocess
 import time
 
-from ...transport.host.common import exit_words, pids_marked, read_json, signal_name, utc_iso, write_json
+from ...transport.host.common import exit_words, read_json, signal_name, utc_iso, write_json
+from ...steps.host import identity
 from ...gpu.host.nvsmi import baseline_limits, gpus_over
 from .hangwatch import HangWatch, fatal_line, load_rules
 from ...steps.host.procs import DEFAULT_GRACE_S, KILL_WAIT_S, stop_own_group
@@ -44,7 +45,6 @@ class Release:
         self.here = here
         self.ddir = os.path.dirname(os.path.dirname(here))
         self.log_path = os.path.join(here, "server.log")
-        self.marker = ("LLMFAB_RELEASE=" + here).encode()
 
     def read_json(self, name):
         return read_json(os.path.join(self.here, name))
@@ -58,13 +58,16 @@ class Release:
 
     def record_server(self, pid, started_at, port):
         """server.json as launch.py writes it; the pgid (this reaper) stays the same."""
+        ident = self.read_json(identity.IDENTITY_FILE) or {}
+        old = read_json(os.path.join(self.ddir, "server.json")) or {}
         write_json(os.path.join(self.ddir, "server.json"),
                    {"pid": pid, "pgid": os.getpgid(0), "started_at": started_at,
-                    "release": os.path.basename(self.here), "port": port})
+                    "release": os.path.basename(self.here), "port": port, "name": old.get("name"),
+                    "identity": ident.get("identity"), "cgroup": ident.get("cgroup")})
 
     def marked(self):
-        """Live pids (but this one) whose environment carries this release's marker."""
-        return pids_marked(lambda item: item == self.marker)
+        """Live pids (but this one) of this release (identity.py: its cgroup or session)."""
+        return list(identity.members(self.ddir, os.path.basename(self.here)))
 
 
 class Supervisor:

@@ -275,19 +275,6 @@ def release_marker(ddir, release=None):
     return MARKER + path.encode()
 
 
-def server_alive(ddir, server):
-    """Is server.json's process still this deployment's server? Alive, and its environment
-    carries the release's marker: after a reboot, or a long time, the kernel may have given
-    its pid to another process, which `fab stop` rightly leaves alone (procs.ours) and
-    `fab status` must not call our server either. The one reader of "is it ours" for both."""
-    pid = (server or {}).get("pid")
-    if not pid or not pid_alive(pid):
-        return False
-    want = release_marker(ddir, server.get("release"))
-    env = (proc_read(pid, "environ") or b"").split(b"\0")
-    return want in env
-
-
 def group_members(pgid):
     """Live pids whose process group is pgid."""
     out = []
