@@ -71,15 +71,21 @@ def wait_freed(host, *, nvidia_smi, limits, timeout=FREE_TIMEOUT_S, sleep=None, 
             details=holders(survey) or ["no process visible from this host holds them"]) from None
 
 
-def wait_own_freed(host, ddir, *, nvidia_smi, devices, pids, timeout=FREE_TIMEOUT_S, sleep=None):
+def wait_own_freed(host, ddir, *, nvidia_smi, devices, pids, unlisted_limits, timeout=FREE_TIMEOUT_S,
+                   sleep=None):
     """Poll until no process of deployment `ddir` (and none of `pids`, the ones just stopped)
-    holds memory on the GPUs, per nvidia-smi's process list (the `gpu_holders` op). Returns
-    the last answer {holders, gpus}; raises OperationFailed naming what still holds."""
+    holds memory on the GPUs, per nvidia-smi's process list (the `gpu_holders` op), and no GPU
+    uses more unlisted memory (nvsmi.unlisted: a dead process the driver still frees) than
+    `unlisted_limits` allows. Another deployment's memory changes nothing. Returns the last
+    answer {holders, gpus}; raises OperationFailed naming what still holds."""
+    from .host.nvsmi import unlisted, unlisted_over
+
     def tick():
         found = host.call("gpu_holders", deploy_dir=ddir, nvidia_smi=nvidia_smi, devices=devices, timeout=60)
         left = [h for h in found["holders"] if h["ours"] or h["pid"] in pids]
-        if left:
-            raise NotFreedYet(left)
+        over = unlisted_over(unlisted(found["gpus"], found["holders"]), unlisted_limits)
+        if left or over:
+            raise NotFreedYet(left + [{"gpu": i, "unlisted": m} for i, m in over])
         return found
 
     kw = {"sleep": sleep} if sleep is not None else {}
@@ -93,7 +99,9 @@ def wait_own_freed(host, ddir, *, nvidia_smi, devices, pids, timeout=FREE_TIMEOU
         raise OperationFailed(
             f"GPU memory of the stopped deployment not freed after {timeout:.0f} s: "
             + "; ".join(f"pid {h['pid']} ({h['name']}) still holds {h['mib']} MiB on GPU {h['gpu']}"
-                        for h in e.over)
+                        if "pid" in h else
+                        f"GPU {h['gpu']} holds {h['unlisted']} MiB that no process is listed for "
+                        f"(limit {unlisted_limits[h['gpu']]} MiB)" for h in e.over)
             + "; free it with `fab kill-gpu-procs`") from None
 
 

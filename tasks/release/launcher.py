@@ -124,7 +124,7 @@ def _identity(here):
     of the release's own, llmfab/<KEY>/<release>; where none can be made, the session it leads
     identifies them. identity.json says which (read by tasks/steps/host/identity.py)."""
     record = {{"identity": "session", "cgroup": None, "sid": os.getsid(0), "sid_start": _start_ticks()}}
-    mount = None if os.environ.get("LLMFAB_NO_CGROUP") else _cgroup_mount()
+    mount = None if os.environ.get("LLMFAB_NO_CGROUP") or ENV.get("LLMFAB_NO_CGROUP") else _cgroup_mount()
     if mount:
         rel = "/llmfab/%s/%s" % (_key(os.path.dirname(os.path.dirname(here))), os.path.basename(here))
         try:

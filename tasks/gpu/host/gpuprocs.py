@@ -239,15 +239,18 @@ def holders(ddir, nvidia_smi="nvidia-smi", devices=None, proc_root=PROC, survey_
     from ...steps.host.identity import Table
     table = Table(proc_root)
     found = survey_result or survey(nvidia_smi, devices, proc_root)
+    own = table.members(ddir)
     out = []
     for p in found["procs"]:
         owner = table.owner(p["pid"])
-        mine = table.is_of(p["pid"], ddir) if owner else None
+        mine = own.get(p["pid"])
+        if mine is not None and owner is None:  # e.g. an orphan whose session leader is gone
+            owner = {"name": None, "release": mine, "how": "session"}
         for g in p["gpus"]:
             if g["used_mib"]:
                 out.append({"pid": p["pid"], "name": _name(p), "gpu": g["index"], "mib": g["used_mib"],
                             "ours": mine is not None, "deployment": owner["name"] if owner else None,
-                            "release": owner["release"] if owner else None,
+                            "release": mine or (owner["release"] if owner else None),
                             "how": owner["how"] if owner else None})
     return out
 

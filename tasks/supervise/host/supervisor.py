@@ -23,7 +23,7 @@ import time
 
 from ...transport.host.common import exit_words, read_json, signal_name, utc_iso, write_json
 from ...steps.host import identity
-from ...gpu.host.nvsmi import baseline_limits, gpus_over
+from ...gpu.host.nvsmi import baseline_limits, gpus_over, tolerance, unlisted_now
 from .hangwatch import HangWatch, fatal_line, load_rules
 from ...steps.host.procs import DEFAULT_GRACE_S, KILL_WAIT_S, stop_own_group
 
@@ -161,15 +161,21 @@ class Supervisor:
         self.publish(state="gave-up", reason=reason, next_attempt_at=None)
 
     def wait_for_gpu(self):
-        """True once every GPU of the baseline is back within tolerance; False on stop or timeout."""
+        """True once the GPUs hold nothing of this release's last attempt; False on stop or timeout.
+        Per GPU, the memory no listed process accounts for (a dead process the driver still
+        frees) back to what it was at launch: another deployment's memory on the GPU is listed,
+        so it changes nothing. A baseline from before that record: the whole device's reading."""
         baseline = self.rel.read_json("gpu-baseline.json") or {}
         limits, smi = baseline_limits(baseline), baseline.get("nvidia_smi") or "nvidia-smi"
         if not limits:
             return True
         self.publish(state="waiting-for-gpu")
         deadline = time.monotonic() + self.cfg["memory_timeout"]
+        base = baseline.get("unlisted")
+        if base is not None:
+            limits = {int(i): m + tolerance(m) for i, m in base.items() if int(i) in limits}
         while True:
-            over = gpus_over(smi, limits)
+            over = unlisted_now(smi, limits) if base is not None else gpus_over(smi, limits)
             if over is not None and not over:
                 return True
             if time.monotonic() >= deadline:
