@@ -45,10 +45,12 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab"):
         try:
             return original()
         except ParseError as e:
-            raise Exit(f"error: {parse_error_words(e, program, binary)} (see `{binary} --help TASK`)",
-                       code=2) from None
+            from ..output import terminal_lines  # a flag's value is shown, never its raw bytes
+            raise Exit(terminal_lines(f"error: {parse_error_words(e, program, binary)} "
+                                      f"(see `{binary} --help TASK`)"), code=2) from None
         except ValueError as e:
-            raise Exit(f"error: {e} (see `{binary} --help TASK`)", code=2) from None
+            from ..output import terminal_lines
+            raise Exit(terminal_lines(f"error: {e} (see `{binary} --help TASK`)"), code=2) from None
         except KeyboardInterrupt:
             raise Exit(INTERRUPTED_EARLY, code=130) from None
 

@@ -164,8 +164,9 @@ def port_in_use(host, port):
     return "a process not visible from here (another PID namespace or user)"
 
 
-def read_log(path, offset, limit=LOG_CHUNK):
-    """New complete lines after byte offset: {offset (new), text, size}. Partial lines wait."""
+def read_log(path, offset, limit=LOG_CHUNK, final=False):
+    """New complete lines after byte offset: {offset (new), text, size}. Partial lines wait,
+    unless `final` (the server is gone: its last line, without a newline, is all it wrote)."""
     try:
         size = os.path.getsize(path)
     except OSError:
@@ -176,6 +177,8 @@ def read_log(path, offset, limit=LOG_CHUNK):
         f.seek(offset)
         data = f.read(limit)
     end = data.rfind(b"\n")
+    if final and len(data) < limit:
+        end = len(data) - 1
     if end < 0:
         if len(data) < limit:
             return {"offset": offset, "text": "", "size": size}

@@ -103,16 +103,17 @@ class _Log:
     def __init__(self, path, offset):
         self.path, self.offset, self.size, self.parts, self.chars = path, offset, -1, [], 0
 
-    def poll(self):
-        """New text since the last poll ("" if none)."""
+    def poll(self, final=False):
+        """New text since the last poll ("" if none); `final`: the process is gone, so a last
+        line without its newline is read too."""
         try:
             size = os.stat(self.path).st_size
         except OSError:
             return ""
-        if size == self.size:
+        if size == self.size and not (final and size > self.offset):
             return ""
         self.size = size
-        r = read_log(self.path, self.offset)
+        r = read_log(self.path, self.offset, final=final)
         self.offset = r["offset"]
         if r["text"]:
             self.parts.append(r["text"])
@@ -140,7 +141,7 @@ def op_watch(req):
         alive = pid_alive(pid)
         text = log.poll()
         if not alive:
-            log.poll()  # the agent saw the process gone: its last words are in
+            log.poll(final=True)  # the agent saw the process gone: its last words are in
             why = "exited"
             break
         if settle_until is None and hinted(hints, text):
