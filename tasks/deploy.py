@@ -189,6 +189,10 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
         raise
     reporter.line(name, f"ready in {facts['seconds']:.1f} s: {profile.served_name or 'server'} "
                         f"on port {profile.server.port}")
+    # where it really listens: a server binding every address its profile does not name
+    from .steps.preflight import print_checks, seen_exposure
+    result.data["exposure"] = seen_exposure(profile, facts.get("listening"), checks)
+    print_checks(reporter, name, result.data["exposure"])
     result.summary = f"ready in {facts['seconds']:.1f} s ({server['release']})"
     result.data["ready_s"] = round(facts["seconds"], 3)
     rec, slower = estimate.record(host, profile, ddir, server, facts, version, reporter,

@@ -88,3 +88,32 @@ def test_a_raw_line_is_written_as_it_is():
     stream = io.StringIO()
     Reporter(["h1"], stream=stream).line("", HOSTILE, raw=True)
     assert stream.getvalue() == HOSTILE + "\n"
+
+
+# Writers to the terminal outside tasks/output.py, each writing only llmfab's own constant words
+# or a document it made itself (never a server's text): the interrupt notes, `--version`, and
+# `fab targets`' file_sd document (JSON, from the profile).
+OWN_WORDS = {"tasks/interrupts.py": 2, "tasks/fleet/rolling.py": 1, "tasks/program.py": 1,
+             "tasks/targets.py": 1}
+
+
+def test_nothing_writes_to_the_terminal_around_the_output_layer():
+    import ast
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    found = {}
+    for path in sorted((root / "tasks").rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        # host code runs on the host (its stdout is the agent's channel); docsgen writes files;
+        # the launcher is a template run on the host
+        if "/host/" in rel or rel in ("tasks/output.py", "tasks/docsgen.py", "tasks/release/launcher.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            text = ast.unparse(f)
+            if text == "print" or text in ("sys.stdout.write", "sys.stderr.write", "os.write") \
+                    and not (text == "os.write" and "fileno" not in ast.unparse(node.args[0])):
+                found[rel] = found.get(rel, 0) + 1
+    assert found == OWN_WORDS, "write human text through tasks/output.py (Reporter, write_text)"

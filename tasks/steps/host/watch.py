@@ -26,7 +26,8 @@ import time
 
 from ...gpu.host import nvsmi
 from ...transport.host.common import CONTEXT, expand, pid_alive, read_exit, read_stop
-from .probe import LOG_CHUNK, http_get, probe_host, read_log, served_models, serving_elsewhere
+from .probe import (LOG_CHUNK, http_get, probe_host, read_log, served_models, serving_elsewhere,
+                    tree_listeners)
 
 TICK_S = 0.05          # how often the host looks: events are seen within ~25 ms on average
 HTTP_EVERY_S = 0.1     # once the port accepts: /health (and /v1/models) at most this often
@@ -172,6 +173,8 @@ def op_watch(req):
         if why is None:
             time.sleep(TICK_S)
     state = {"alive": alive, "health": health if isinstance(health, int) else None, "models": models}
+    if alive and health == 200:  # where it really listens, once it answers (deploy's exposure warning)
+        out["listening"] = tree_listeners(pid, port)
     out.update(alive=alive, exit=read_exit(rdir, pid), log=log.result(),
                stopped=None if alive else read_stop(rdir, pid),  # by another task: not a failure
                health=health if alive else None, models=models if alive else None,
