@@ -205,8 +205,9 @@ class Sweeper:
             cancel.set()
             self.term.line("", "Ctrl-C: the sweep stops here; putting back what ran before")
             self.put_back(before, keep="previous", stale=sweep.agents, slots=sweep.slot_agents)
-            self.term.line("", f"interrupted: what was measured is in {path} (continue with "
-                               f"--resume {self.out})")
+            measured = f"what was measured is in {path}" if path.is_file() else \
+                "nothing was measured yet (no results.jsonl)"
+            self.term.line("", f"interrupted: {measured} (continue with --resume {self.out})")
             raise Interrupted() from None
         records = old + sweep.records
         self.finish(records, before, sweep, time.monotonic() - t0)
