@@ -1,6 +1,7 @@
 """Words that hold (issue 38): what llmfab says about a flag, a file or a sweep is what it does.
 Each test failed on the code before its fix."""
 import json
+import re
 import os
 import subprocess
 import sys
@@ -73,3 +74,54 @@ def test_a_resumed_sweep_refuses_a_profile_whose_content_changed(tmp_path):
     _check_resume(tmp_path, plan)  # the same: fine
     with pytest.raises(UsageError, match=r"/p.toml changed since that sweep began"):
         _check_resume(tmp_path, dict(plan, profile_digest={"/p.toml": "bbb"}))
+
+
+def test_ctrl_c_of_a_tune_at_the_terminal_stops_it_in_words_and_puts_back(tmp_path):
+    """The terminal's Ctrl-C reaches the whole foreground process group: llmfab and, before
+    the fix, its local agent too, which died ("host given up: exit -2: Traceback") while the
+    note named a results.jsonl never written."""
+    import shutil
+    import signal
+    import socket
+    import threading
+    (tmp_path / "configs").mkdir()
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    (tmp_path / "configs" / "demo.toml").write_text(
+        (ROOT / "configs" / "demo.toml").read_text().replace("18000", str(port)))
+    shutil.copy(ROOT / "configs" / "demo_server.py", tmp_path / "configs")
+    env = dict(os.environ, HOME=str(tmp_path), PYTHONPATH=str(ROOT), COLUMNS="200")
+    llmfab = [sys.executable, "-c", "from tasks.program import main; main()"]
+    assert subprocess.run(llmfab + ["deploy"], cwd=tmp_path, env=env, capture_output=True,
+                          timeout=120).returncode == 0
+    p = subprocess.Popen(llmfab + ["tune", "--vary", "server.args.num-speculative-tokens=2,4",
+                                   "--concurrency", "1", "--requests", "8"],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    lines, benching = [], threading.Event()
+
+    def read():
+        for line in p.stdout:
+            lines.append(line)
+            if "bench concurrency" in line:
+                benching.set()
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    try:
+        assert benching.wait(60), "".join(lines)
+        os.killpg(p.pid, signal.SIGINT)  # as a terminal's Ctrl-C does: the whole group
+        assert p.wait(60) == 130, "".join(lines)
+        t.join(10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        subprocess.run(llmfab + ["stop"], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+    out = "".join(lines)
+    assert "exit -" not in out and "Traceback" not in out and "given up" not in out, out
+    assert "runs again, as before" in out, out
+    said = re.search(r"interrupted: (what was measured is in (\S+)|nothing was measured yet)", out)
+    assert said, out
+    if said.group(2):
+        assert Path(said.group(2)).is_file(), out
