@@ -218,7 +218,7 @@ class Reporter:
     def progress(self, host, phase, text):
         with self._lock:
             if self.inplace:
-                self._write(self.stream, f"\r\x1b[2K{self._prefix(host)}{terminal_text(text, self.columns)}")
+                self._write(self.stream, f"\r\x1b[2K{self._prefix(host)}{terminal_text(text, None)[:self.columns]}")
                 self._progress_shown = True
                 return
             last = self._last_plain.get(host)
@@ -248,7 +248,7 @@ class Reporter:
 def table_lines(headers, rows):
     """A plain aligned table as lines: a header, then a line per row, columns two spaces
     apart, no trailing blanks. Every table llmfab prints is drawn here."""
-    lines = [[terminal_text(c, 200) for c in headers]] + [[terminal_text(c, 200) for c in r] for r in rows]
+    lines = [[terminal_text(c) for c in headers]] + [[terminal_text(c) for c in r] for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(headers))]
     return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
 
