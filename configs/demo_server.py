@@ -568,9 +568,9 @@ def _parser():
                         help="simulated start-up time before the port opens (default %(default)s)")
     parser.add_argument("--tokens-per-s", type=float, default=200.0,
                         help="generation speed per request (default %(default)s)")
-    parser.add_argument("--num-speculative-tokens", type=int, default=4,
-                        help="simulated draft length; 0 turns speculative decoding off "
-                             "(default %(default)s)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=0,
+                        help="simulated draft length; 0 (the default, as a real engine given no "
+                             "speculative flag) is no speculative decoding")
     parser.add_argument("--accept-rate", type=float, default=0.62,
                         help="simulated draft acceptance rate (default %(default)s)")
     parser.add_argument("--draft-cost", type=float, default=None,

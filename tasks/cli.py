@@ -139,8 +139,10 @@ def _boundary(c, name, flags):
         opts = options_class(info).from_flags(**flags)
         body = getattr(importlib.import_module(f".{info.module}", __package__), info.function)
         return body(c, opts)
-    except LlmfabError as e:
-        raise Exit(f"error: {e.message}" if e.message else None, code=int(e.code)) from None
+    except LlmfabError as e:  # a message may quote a server's text: made safe for a terminal
+        from .output import terminal_lines
+        raise Exit(terminal_lines(f"error: {e.message}") if e.message else None,
+                   code=int(e.code)) from None
     except KeyboardInterrupt:  # Ctrl-C in a task body before any host (tasks/interrupts.py: after)
         raise Exit("interrupted (Ctrl-C): nothing was done on any host", code=130) from None
 
@@ -184,9 +186,11 @@ def stop(c, profile=None, grace=None, json=False, parallel=None, accept_new_host
     "follow": "keep streaming new lines until Ctrl-C; survives dropped connections",
     "grep": "only lines matching this regular expression",
     "release": "read an older release's log (a stamp from `fab releases`)",
+    "raw": "write each line as the server wrote it (default: control characters such as "
+           "ESC are shown escaped, lines over 4096 characters cut)",
 })
-def tail_log(c, profile=None, lines=None, follow=False, grep=None, release=None, parallel=None,
-             accept_new_host_keys=False):
+def tail_log(c, profile=None, lines=None, follow=False, grep=None, release=None, raw=False,
+             parallel=None, accept_new_host_keys=False):
     return _boundary(c, "tail-log", locals())
 
 

@@ -189,6 +189,10 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
         raise
     reporter.line(name, f"ready in {facts['seconds']:.1f} s: {profile.served_name or 'server'} "
                         f"on port {profile.server.port}")
+    # where it really listens: a server binding every address its profile does not name
+    from .steps.preflight import print_checks, seen_exposure
+    result.data["exposure"] = seen_exposure(profile, facts.get("listening"), checks)
+    print_checks(reporter, name, result.data["exposure"])
     result.summary = f"ready in {facts['seconds']:.1f} s ({server['release']})"
     result.data["ready_s"] = round(facts["seconds"], 3)
     rec, slower = estimate.record(host, profile, ddir, server, facts, version, reporter,
@@ -254,7 +258,7 @@ def dry_run_record(profile: Profile, host):
         if fname != "secrets.json":
             rec["sha256"] = hashlib.sha256(data).hexdigest()
         files.append(rec)
-    rec = {"host": host, "dry_run": True, "profile": str(profile.path),
+    rec = {"host": host, "ok": True, "dry_run": True, "profile": str(profile.path),
            "deploy_dir": deploy_dir(profile), "argv": server_argv(profile),
            "launcher": render_launcher(profile), "secrets": sorted(profile.secrets),
            "files": files}
@@ -268,16 +272,12 @@ def dry_run_record(profile: Profile, host):
 def _print_dry_run(c, profile, json_mode):
     import sys
     from .fleet.runner import hosts_for
+    from .output import json_text, terminal_lines, write_text
     if json_mode:
-        text = "".join(json.dumps(dry_run_record(profile, h), ensure_ascii=False) + "\n"
-                       for h in hosts_for(c, profile))
-    else:
-        text = "\n".join(dry_run_text(profile)) + "\n"
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `fab deploy --dry-run | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        text = "".join(json_text(dry_run_record(profile, h)) + "\n" for h in hosts_for(c, profile))
+    else:  # the profile's own words, shown as a terminal may show them
+        text = terminal_lines("\n".join(dry_run_text(profile))) + "\n"
+    write_text(sys.stdout, text)  # `fab deploy --dry-run | head`: the rest goes nowhere
 
 
 def deploy(c, opts):

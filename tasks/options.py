@@ -195,6 +195,7 @@ class TailLogOptions(Common):
     follow: bool = False
     grep: Optional[str] = None
     release: Optional[str] = None
+    raw: bool = False
 
     @staticmethod
     def convert(flags):

@@ -6,7 +6,9 @@
 `Status`: the JSON record of `fab status --json` (docs/reference/cli.md) (`host, running, pid, release, port, health,
 served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
 `cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
-`ready_s`, as its deploy recorded them; from /metrics also `requests_running,
+`ready_s`, as its deploy recorded them; `exposure`: the WARN checks `{status, check, message,
+address, port}` of a running server whose own listening socket on its port is bound to every
+address (0.0.0.0, ::) where no API key covers it, whatever the profile says; from /metrics also `requests_running,
 requests_waiting, kv_cache_usage` (0..1), null where the engine does not say), `gpu_holders`
 [{pid, name, gpu, mib, ours, deployment, release}]: every process with memory on the profile's
 GPUs, `ours` when it is one of this deployment's (steps/host/identity.py; with no server
@@ -38,6 +40,7 @@ class Status:
     source: str = None                                 # the failure rule that said so
     supervisor_lines: list = field(default_factory=list)
     holder_lines: list = field(default_factory=list)   # our processes holding GPU memory, no server
+    exposure: list = field(default_factory=list)       # WARN checks: where it listens on every address
 
     @property
     def healthy(self):
@@ -76,7 +79,7 @@ def gather(host, profile, ddir):
               "requests_running": None, "requests_waiting": None, "kv_cache_usage": None,
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
               "state": "running" if alive else "not-deployed", "last_failed": st.get("failed"),
-              "deployed": bool(server)}
+              "deployed": bool(server), "exposure": []}
     started = st.get("startup") or {}  # the release's start, as deploy recorded it
     record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
                   ready_s=started.get("ready_s"))
@@ -102,8 +105,10 @@ def gather(host, profile, ddir):
                          port=server["port"], host=profile.server.host,
                          health_path=profile.ready.health_path,
                          models_path=profile.ready.models_path, api_key=profile.api_key,
-                         log_offset=1 << 62)
+                         log_offset=1 << 62, listeners=True)
         record["health"] = poll["health"]
+        from .steps.preflight import seen_exposure  # from its sockets, whatever the profile says
+        out.exposure = record["exposure"] = seen_exposure(profile, poll.get("listening"))
         models = poll.get("models") or []
         record["served_name"] = models[0] if len(models) == 1 else (models or None)
     if alive and record["health"] == 200:
@@ -192,6 +197,8 @@ def render(status):
     from .startup.estimate import summary
     if r["running"] and summary(r):
         lines.append("  " + summary(r) + f" (ready in {r['ready_s']:.1f} s)")
+    from .steps.preflight import check_block
+    lines += [indented(check_block(c), 2) for c in status.exposure]
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
     lines += [indented(t, 2) for t in status.holder_lines]
     lines += [indented(t, 2) for t in status.metric_lines]

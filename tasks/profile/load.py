@@ -61,8 +61,10 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         resolved = dumps(data)
     except RecursionError:
         raise ProfileError(top, None, "the profile is nested too deeply") from None
+    # The path as given (made absolute, links NOT resolved): `extends` is found beside it, so
+    # the file named in every message and hint is the one whose neighbours were read.
     return Profile(
-        path=Path(top).resolve(), target=target, server=server, ready=ready, gpu=gpu,
+        path=Path(os.path.abspath(top)), target=target, server=server, ready=ready, gpu=gpu,
         cluster=cluster, resolved_toml=resolved,
         digest=hashlib.sha256(resolved.encode("utf-8")).hexdigest(),
         sources=tuple(Path(f).resolve() for f in chain), check=check,
@@ -158,6 +160,10 @@ def resolve_profile_path(arg=None, config_value=None, *, cwd=None):
     if not chosen:
         return find_default_profile(cwd=cwd)
     full = Path(cwd or os.getcwd()) / chosen
+    if full.is_dir():
+        where = "--profile" if arg else "llmfab.profile"
+        raise ProfileError(chosen, None, f"is a directory, not a profile (given by {where}); "
+                                         "name a .toml file in it")
     if not full.is_file():
         where = "--profile" if arg else "llmfab.profile"
         raise ProfileError(chosen, None, f"profile not found (given by {where}); {PROFILE_HINT}")

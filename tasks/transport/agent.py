@@ -198,8 +198,11 @@ class Host:
         if self.local:
             self._stderr = tempfile.TemporaryFile()
             try:
+                # its own session: a Ctrl-C at the terminal reaches llmfab alone, which stops
+                # what runs and puts back what ran before through this agent (as over SSH,
+                # where no remote agent sees the terminal's signals); it ends when its stdin closes
                 self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                              stderr=self._stderr)
+                                              stderr=self._stderr, start_new_session=True)
             except OSError as e:
                 raise AgentStartFailed(f"cannot run server.python {self.python!r} here: {e.strerror}")
             self._chan = _Channel(self._proc.stdin, self._proc.stdout, self._local_death)

@@ -162,8 +162,10 @@ class Sweep:
         except Cancelled:
             return
         except LlmfabError as e:
-            self.lost[name] = e.message.splitlines()[0]
             self.log.line(name, f"error: {e.message}")
+            if self.cancel.is_set():  # Ctrl-C: what ended the call is the interrupt, said once
+                return
+            self.lost[name] = e.message.splitlines()[0]
             self.progress(name, "lost", f"host given up: {self.lost[name]}")
         finally:
             if not self.cancel.is_set():  # Ctrl-C: the put-back ends this agent itself

@@ -34,7 +34,19 @@ def _plan(opts, base):
             "requests": opts.requests, "input_len": opts.input_len,
             "max_tokens": opts.max_tokens, "repeat": opts.repeat, "seed": opts.seed,
             "slo": slo_text(opts.slo) if opts.slo else None,
-            "load": opts.load if opts.slo else None, "max_load": opts.max_load if opts.slo else None}
+            "load": opts.load if opts.slo else None, "max_load": opts.max_load if opts.slo else None,
+            # what each measured profile says, its extends chain merged in: the same flags over
+            # an edited file are another sweep
+            "profile_digest": {str(base.path): base.digest,
+                               **{str(Path(p).resolve()): _digest(p) for p in opts.profiles}}}
+
+
+def _digest(path):
+    from ..profile import load_profile
+    try:
+        return load_profile(path, need_secrets=False).digest
+    except LlmfabError:
+        return None  # said in words when its variant is built
 
 
 def default_out_root(environ=None):
@@ -71,6 +83,12 @@ def _check_resume(out, plan):
                          + ", ".join(f"{k}: {saved.get(k)!r} there, {plan.get(k)!r} now"
                                      for k in diff)
                          + "); give the same flags, or start a new sweep with --out")
+    was = saved.get("profile_digest") or {}  # (a sweep begun before it was recorded: not checked)
+    changed = [p for p, d in was.items() if plan["profile_digest"].get(p, d) != d]
+    if changed:
+        raise UsageError(f"--resume {out}: {', '.join(changed)} changed since that sweep began (its "
+                         "content, with what it extends): resuming would mix measurements of two "
+                         "profiles; put it back as it was, or start a new sweep with --out")
 
 
 def tune(c, opts):
@@ -205,8 +223,9 @@ class Sweeper:
             cancel.set()
             self.term.line("", "Ctrl-C: the sweep stops here; putting back what ran before")
             self.put_back(before, keep="previous", stale=sweep.agents, slots=sweep.slot_agents)
-            self.term.line("", f"interrupted: what was measured is in {path} (continue with "
-                               f"--resume {self.out})")
+            measured = f"what was measured is in {path}" if path.is_file() else \
+                "nothing was measured yet (no results.jsonl)"
+            self.term.line("", f"interrupted: {measured} (continue with --resume {self.out})")
             raise Interrupted() from None
         records = old + sweep.records
         self.finish(records, before, sweep, time.monotonic() - t0)

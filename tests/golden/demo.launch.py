@@ -27,6 +27,10 @@ ARGV = [
     'demo-model',
     '--load-seconds',
     '2',
+    '--num-speculative-tokens',
+    '4',
+    '--accept-rate',
+    '0.62',
 ]
 
 # Added to the host's environment. Secrets live in secrets.json (mode 0600) beside
