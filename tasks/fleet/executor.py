@@ -17,6 +17,10 @@ class FanoutExecutor(Executor):
     def expand_calls(self, calls, apply_hosts=True):
         host_str = self.core[0].args.hosts.value if apply_hosts else None
         hosts = [h.strip() for h in host_str.split(",") if h.strip()] if host_str else []
+        if host_str is not None and not hosts:  # `-H "$HOSTS"` with HOSTS unset: never the profile's
+            from invoke.exceptions import Exit
+            raise Exit("error: -H/--hosts was given an empty value; name the host(s), or leave "
+                       "the flag out for the profile's target.hosts (nothing was done)", code=2)
         self.config["llmfab_hosts"] = hosts
         return InvokeExecutor.expand_calls(self, calls)
 
