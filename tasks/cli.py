@@ -16,6 +16,7 @@ from invoke.exceptions import Exit
 from invoke.parser import ParserContext
 
 from .errors import LlmfabError
+from .interrupts import early_words, exit_status
 
 CommandInfo = namedtuple("CommandInfo", "module function options summary")
 
@@ -139,10 +140,11 @@ def _boundary(c, name, flags):
         opts = options_class(info).from_flags(**flags)
         body = getattr(importlib.import_module(f".{info.module}", __package__), info.function)
         return body(c, opts)
-    except LlmfabError as e:
-        raise Exit(f"error: {e.message}" if e.message else None, code=int(e.code)) from None
-    except KeyboardInterrupt:  # Ctrl-C in a task body before any host (tasks/interrupts.py: after)
-        raise Exit("interrupted (Ctrl-C): nothing was done on any host", code=130) from None
+    except LlmfabError as e:  # an interrupted run's 130 is 128 + the signal that ended it
+        raise Exit(f"error: {e.message}" if e.message else None,
+                   code=exit_status(int(e.code))) from None
+    except KeyboardInterrupt:  # Ctrl-C (SIGTERM, SIGHUP) before any host (tasks/interrupts.py: after)
+        raise Exit(early_words(), code=exit_status()) from None
 
 
 @command(**{

@@ -10,7 +10,7 @@ through the project's `fabric.json` (`tasks.executor_class`), `llmfab` directly
 from fabric.executor import Executor
 from invoke.executor import Executor as InvokeExecutor
 
-from ..interrupts import INTERRUPTED_EARLY, task_begins
+from ..interrupts import early_words, exit_status, task_begins
 
 
 class FanoutExecutor(Executor):
@@ -54,7 +54,7 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab"):
         except ValueError as e:
             raise Exit(f"error: {e} (see `{binary} --help TASK`)", code=2) from None
         except KeyboardInterrupt:
-            raise Exit(INTERRUPTED_EARLY, code=130) from None
+            raise Exit(early_words(), code=exit_status()) from None
 
     execute = program.execute
 
@@ -65,7 +65,7 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab"):
         try:
             return execute()
         except KeyboardInterrupt:
-            raise Exit(INTERRUPTED_EARLY, code=130) from None
+            raise Exit(early_words(), code=exit_status()) from None
 
     def make_parser():
         # the task contexts whose help shows each flag's value and default (tasks/cli.py _TaskHelp)

@@ -201,9 +201,10 @@ class Sweeper:
             for t in threads:
                 while t.is_alive():
                     t.join(0.2)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (tasks/interrupts.py)
+            from ..interrupts import words
             cancel.set()
-            self.term.line("", "Ctrl-C: the sweep stops here; putting back what ran before")
+            self.term.line("", f"{words()}: the sweep stops here; putting back what ran before")
             self.put_back(before, keep="previous", stale=sweep.agents, slots=sweep.slot_agents)
             self.term.line("", f"interrupted: what was measured is in {path} (continue with "
                                f"--resume {self.out})")
