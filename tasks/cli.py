@@ -143,8 +143,24 @@ def _boundary(c, name, flags):
     except LlmfabError as e:  # an interrupted run's 130 is 128 + the signal that ended it
         raise Exit(f"error: {e.message}" if e.message else None,
                    code=exit_status(int(e.code))) from None
+    except OSError as e:  # a local file that could not be written or read: its path, in words
+        words = file_error_words(e)
+        if words is None:
+            raise
+        raise Exit(f"error: {words}", code=1) from None
     except KeyboardInterrupt:  # Ctrl-C (SIGTERM, SIGHUP) before any host (tasks/interrupts.py: after)
         raise Exit(early_words(), code=exit_status()) from None
+
+
+def file_error_words(e):
+    """An OSError naming a file, in words (`could not write /x: read-only file system ...`);
+    None for one that names none (a bug, shown as one)."""
+    from .transport.host.safefile import UnsafeFile, failed
+    if isinstance(e, UnsafeFile):
+        return str(e)
+    if not e.filename:
+        return None
+    return str(failed(e.filename, e, "use"))
 
 
 @command(**{

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..errors import ExitCode, HostUnreachable, Interrupted, LlmfabError, TaskFailed, UsageError
 from . import results
 from .slo import slo_text
+from ..transport.host.safefile import open_append, replace as write_atomically
 
 PLAN = "plan.json"
 RESULTS = "results.jsonl"
@@ -102,7 +103,7 @@ def tune(c, opts):
             import shutil
             shutil.rmtree(out, ignore_errors=True)
         raise
-    (out / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+    write_atomically(str(out / PLAN), json.dumps(plan, indent=1) + "\n")
     Sweeper(c, opts, base, variants, out, objective).run()
 
 
@@ -115,7 +116,7 @@ class Sweeper:
         self.hosts = hosts_for(c, base)
         self.kw = host_kwargs(c, base, opts)
         self.term = Reporter(self.hosts, json_mode=opts.json)
-        self._logf = open(out / LOG, "a", encoding="utf-8")
+        self._logf = os.fdopen(open_append(str(out / LOG)), "a", encoding="utf-8")
         self.log = Reporter(self.hosts, stream=self._logf)
 
     # -- phases ----------------------------------------------------------------------------
@@ -229,7 +230,7 @@ class Sweeper:
         if decision["winner"]:
             winner = next(v for v in self.variants if v.name == decision["winner"])
             tpath = self.out / f"{self.base.path.stem}.tuned.toml"
-            tpath.write_text(tuned_text(self.base, winner, decision["why"], self.out))
+            write_atomically(str(tpath), tuned_text(self.base, winner, decision["why"], self.out))
             tuned = load_profile(tpath)
         self.write_report(records, decision, headers, rows)
         self.term.line("")
@@ -279,9 +280,7 @@ class Sweeper:
                       variants=self.variants, concurrencies=o.concurrency,
                       objective=self.objective, decision=decision, headers=headers, rows=rows,
                       meta=meta, slo=o.slo, load=o.load)
-        tmp = self.out / "report.html.tmp"
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, self.out / "report.html")
+        write_atomically(str(self.out / "report.html"), html)
 
     def put_back(self, before, *, keep, tuned=None, stale=None, slots=None):
         """Every host back to what ran before (or the winner), in parallel, fresh connections;

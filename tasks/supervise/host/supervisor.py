@@ -21,6 +21,7 @@ import signal
 import subprocess
 import time
 
+from ...transport.host.safefile import append, open_append
 from ...transport.host.common import exit_words, pids_marked, read_json, signal_name, utc_iso, write_json
 from ...gpu.host.nvsmi import baseline_limits, gpus_over
 from .hangwatch import HangWatch, fatal_line, load_rules
@@ -53,8 +54,7 @@ class Release:
         write_json(os.path.join(self.here, name), data)
 
     def append_jsonl(self, name, record):
-        with open(os.path.join(self.here, name), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append(os.path.join(self.here, name), json.dumps(record) + "\n")
 
     def record_server(self, pid, started_at, port):
         """server.json as launch.py writes it; the pgid (this reaper) stays the same."""
@@ -186,7 +186,7 @@ class Supervisor:
         return min(self.cfg["backoff"] * 2 ** len(self.restart_times), self.cfg["backoff_max"])
 
     def run(self):
-        with open(self.rel.log_path, "ab") as log:
+        with os.fdopen(open_append(self.rel.log_path), "ab") as log:
             try:
                 proc = self.launch(log)
             except OSError as e:  # launch.py reports it and exits 1, as without supervision
@@ -266,7 +266,9 @@ def run(here, argv, env, config, report_fd):
         return sup.run()
     except Exception:
         import traceback
-        with open(sup.rel.log_path, "a") as f:
-            f.write("--- llmfab: the supervisor failed ---\n" + traceback.format_exc())
+        try:
+            append(sup.rel.log_path, "--- llmfab: the supervisor failed ---\n" + traceback.format_exc())
+        except OSError:
+            pass
         sup.give_up("the supervisor failed (traceback in server.log)")
         return 1
