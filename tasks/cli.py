@@ -16,6 +16,7 @@ from invoke.exceptions import Exit
 from invoke.parser import ParserContext
 
 from .errors import LlmfabError
+from .interrupts import early_words, exit_status
 
 CommandInfo = namedtuple("CommandInfo", "module function options summary")
 
@@ -139,12 +140,29 @@ def _boundary(c, name, flags):
         opts = options_class(info).from_flags(**flags)
         body = getattr(importlib.import_module(f".{info.module}", __package__), info.function)
         return body(c, opts)
-    except LlmfabError as e:  # a message may quote a server's text: made safe for a terminal
+    except LlmfabError as e:  # a message may quote a server's text: made safe for a terminal;
+        # an interrupted run's 130 is 128 + the signal that ended it
         from .output import terminal_lines
         raise Exit(terminal_lines(f"error: {e.message}") if e.message else None,
-                   code=int(e.code)) from None
-    except KeyboardInterrupt:  # Ctrl-C in a task body before any host (tasks/interrupts.py: after)
-        raise Exit("interrupted (Ctrl-C): nothing was done on any host", code=130) from None
+                   code=exit_status(int(e.code))) from None
+    except OSError as e:  # a local file that could not be written or read: its path, in words
+        words = file_error_words(e)
+        if words is None:
+            raise
+        raise Exit(f"error: {words}", code=1) from None
+    except KeyboardInterrupt:  # Ctrl-C (SIGTERM, SIGHUP) before any host (tasks/interrupts.py: after)
+        raise Exit(early_words(), code=exit_status()) from None
+
+
+def file_error_words(e):
+    """An OSError naming a file, in words (`could not write /x: read-only file system ...`);
+    None for one that names none (a bug, shown as one)."""
+    from .transport.host.safefile import UnsafeFile, failed
+    if isinstance(e, UnsafeFile):
+        return str(e)
+    if not e.filename:
+        return None
+    return str(failed(e.filename, e, "use"))
 
 
 @command(**{

@@ -22,7 +22,8 @@ characters (tasks/output.py terminal_text), whether stdout is a terminal or a pi
 often ends in a terminal (`| less -R`, `| tail`), and one rule is easier to trust. `--raw`
 writes each line as the server wrote it (invalid UTF-8 still becomes U+FFFD), for a file or
 a tool that wants the bytes.
-Ctrl-C ends a follow with exit 0: stopping to watch is success, not an interruption.
+Ctrl-C ends a follow with exit 0: stopping to watch is success, not an interruption; SIGTERM
+or SIGHUP (a `kill`, a closed terminal) end it the same way with 143 or 129.
 """
 import base64
 import os
@@ -32,7 +33,7 @@ import threading
 from tenacity import (Retrying, retry_if_exception_type, stop_after_delay, stop_when_event_set,
                       wait_exponential)
 
-from .errors import ExitCode, HostUnreachable, OperationFailed, UsageError
+from .errors import ExitCode, HostUnreachable, Interrupted, OperationFailed, UsageError
 from .fleet.fanout import HostResult
 from .log_lines import LineAssembler, is_fatal
 from .transport.agent import AgentError, ConnectionLost
@@ -183,13 +184,18 @@ def tail_log(c, opts):
     try:
         while not done.wait(0.25):  # (an interrupted Thread.join can misreport is_alive)
             pass
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: exit 0; SIGTERM, SIGHUP: 128 + n (tasks/interrupts.py)
+        import signal
+        from .interrupts import cause, exit_status
         stop.set()
         finished = done.wait(FOLLOW_WAIT_S + 2)
         sys.stdout.flush()
         sys.stderr.flush()
+        code = ExitCode.OK if cause() == signal.SIGINT else exit_status()
         if not finished:  # stuck reconnecting: nothing on the host needs us
-            os._exit(ExitCode.OK)
+            os._exit(code)
+        if code:
+            raise Interrupted()
         return
     if "error" in box:
         raise box["error"]

@@ -10,13 +10,17 @@ through the project's `fabric.json` (`tasks.executor_class`), `llmfab` directly
 from fabric.executor import Executor
 from invoke.executor import Executor as InvokeExecutor
 
-from ..interrupts import INTERRUPTED_EARLY, task_begins
+from ..interrupts import early_words, exit_status, task_begins
 
 
 class FanoutExecutor(Executor):
     def expand_calls(self, calls, apply_hosts=True):
         host_str = self.core[0].args.hosts.value if apply_hosts else None
         hosts = [h.strip() for h in host_str.split(",") if h.strip()] if host_str else []
+        if host_str is not None and not hosts:  # `-H "$HOSTS"` with HOSTS unset: never the profile's
+            from invoke.exceptions import Exit
+            raise Exit("error: -H/--hosts was given an empty value; name the host(s), or leave "
+                       "the flag out for the profile's target.hosts (nothing was done)", code=2)
         self.config["llmfab_hosts"] = hosts
         return InvokeExecutor.expand_calls(self, calls)
 
@@ -72,7 +76,7 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab", collection=None):
             from ..output import terminal_lines
             raise Exit(terminal_lines(f"error: {e} (see `{binary} --help TASK`)"), code=2) from None
         except KeyboardInterrupt:
-            raise Exit(INTERRUPTED_EARLY, code=130) from None
+            raise Exit(early_words(), code=exit_status()) from None
 
     execute = program.execute
 
@@ -83,7 +87,7 @@ def exit_2_on_bad_arguments(program=None, *, binary="fab", collection=None):
         try:
             return execute()
         except KeyboardInterrupt:
-            raise Exit(INTERRUPTED_EARLY, code=130) from None
+            raise Exit(early_words(), code=exit_status()) from None
 
     def make_parser():
         # the task contexts whose help shows each flag's value and default (tasks/cli.py _TaskHelp)

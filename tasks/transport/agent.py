@@ -8,7 +8,6 @@ same connection. The `local` host runs the very same agent as a subprocess.
 """
 import io
 import json
-import os
 import shlex
 import socket
 import subprocess
@@ -284,10 +283,8 @@ class Host:
         benchmarks/RESULTS.md). Larger files go by SFTP on the same connection.
         """
         if self.local:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(path, mode)
+            from .host.safefile import replace
+            replace(path, data, mode)  # never through a link or onto a FIFO planted at `path`
             return
         if len(data) <= AGENT_PUT_MAX:
             import base64

@@ -75,10 +75,8 @@ def hash_files(found, fresh=False):
         files = list(pool.map(one, found))
     try:
         os.makedirs(os.path.dirname(cache_path), exist_ok=True)
-        tmp = cache_path + f".{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(cache, f)
-        os.replace(tmp, cache_path)
+        from ..transport.host.safefile import replace
+        replace(cache_path, json.dumps(cache), 0o644)
     except OSError:
         pass  # a cache only
     return files

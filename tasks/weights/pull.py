@@ -140,13 +140,14 @@ def pull(c, opts):
                 results[n] = _failed(reporter, n, e, st)
                 continue
             results[n] = _done(reporter, st, dirs, opts, time.monotonic() - t0, loaded)
-    except KeyboardInterrupt:
-        reporter.line("", "interrupted (Ctrl-C): partial files stay as .NAME.llmfab-part "
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (tasks/interrupts.py)
+        from ..interrupts import exit_status, words
+        reporter.line("", f"interrupted ({words()}): partial files stay as .NAME.llmfab-part "
                           "(the next pull resumes them); no half file has a final name")
         _revoke(names, kw, pull_id, reporter, fresh=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(ExitCode.INTERRUPTED)  # copies in flight run in threads; the sockets close with us
+        os._exit(exit_status())  # copies in flight run in threads; the sockets close with us
     finally:
         if granted:
             _revoke(granted, kw, pull_id, reporter, states=states)

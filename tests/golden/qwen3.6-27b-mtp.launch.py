@@ -64,11 +64,19 @@ def _now():
 
 
 def _write_json(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
+    # A fresh name nobody could have planted (never through a link), then one rename.
+    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
         json.dump(data, f)
         f.write("\n")
     os.replace(tmp, path)
+
+
+def _open_log(here):
+    # Appended to, never through a link planted at its name.
+    return os.open(os.path.join(here, "server.log"),
+                   os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
 
 
 def _environment(here):

@@ -167,7 +167,10 @@ def test_resume_after_kill_9_mid_file(lab, model, profile):
     assert sha(on_host(lab, "h5", shard.name)) == sha(shard) and not part.exists()
 
 
-def test_ctrl_c_leaves_no_half_file_and_no_access(lab, model, profile):
+@pytest.mark.parametrize("sig, code, words", [(signal.SIGINT, 130, "Ctrl-C"),
+                                              (signal.SIGTERM, 143, "SIGTERM"),
+                                              (signal.SIGHUP, 129, "SIGHUP")])
+def test_ctrl_c_or_a_kill_leaves_no_half_file_and_no_access(lab, model, profile, sig, code, words):
     want = source_files(model)
     for h in ("h6", "h7"):
         for p in on_host(lab, h).glob("*.safetensors"):
@@ -178,11 +181,11 @@ def test_ctrl_c_leaves_no_half_file_and_no_access(lab, model, profile):
         wait_for(lambda: keys.exists() and "llmfab-pull" in keys.read_text()
                  and any(on_host(lab, h).glob(".*.llmfab-part") for h in ("h6", "h7")), 60,
                  "the pull's key authorised and a copy under way")
-        bg.proc.send_signal(signal.SIGINT)
-        assert bg.finish() == 130, bg.text
+        bg.proc.send_signal(sig)
+        assert bg.finish() == code, bg.text
     finally:
         bg.close()
-    assert "interrupted (Ctrl-C)" in bg.text
+    assert f"interrupted ({words})" in bg.text
     no_access_left(lab, ("h6", "h7"))
     for h in ("h6", "h7"):
         all_final_names_verified(lab, h, want)

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import time
 
+from ...transport.host.safefile import append, open_append
 from ...transport.host.common import exit_words, read_json, signal_name, utc_iso, write_json
 from ...steps.host import identity
 from ...gpu.host.nvsmi import baseline_limits, gpus_over, tolerance, unlisted_now
@@ -53,8 +54,7 @@ class Release:
         write_json(os.path.join(self.here, name), data)
 
     def append_jsonl(self, name, record):
-        with open(os.path.join(self.here, name), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append(os.path.join(self.here, name), json.dumps(record) + "\n")
 
     def record_server(self, pid, started_at, port):
         """server.json as launch.py writes it; the pgid (this reaper) stays the same."""
@@ -195,7 +195,7 @@ class Supervisor:
         return min(self.cfg["backoff"] * 2 ** len(self.restart_times), self.cfg["backoff_max"])
 
     def run(self):
-        with open(self.rel.log_path, "ab") as log:
+        with os.fdopen(open_append(self.rel.log_path), "ab") as log:
             try:
                 proc = self.launch(log)
             except OSError as e:  # launch.py reports it and exits 1, as without supervision
@@ -275,7 +275,9 @@ def run(here, argv, env, config, report_fd):
         return sup.run()
     except Exception:
         import traceback
-        with open(sup.rel.log_path, "a") as f:
-            f.write("--- llmfab: the supervisor failed ---\n" + traceback.format_exc())
+        try:
+            append(sup.rel.log_path, "--- llmfab: the supervisor failed ---\n" + traceback.format_exc())
+        except OSError:
+            pass
         sup.give_up("the supervisor failed (traceback in server.log)")
         return 1

@@ -192,18 +192,10 @@ def read_exit(rdir, pid=None):
 def write_atomically(path, data, mode=0o644):
     """Replace `path` with `data` (bytes or text) in one rename: a reader sees the old file or
     the new one, never half of one. The file gets exactly `mode` whatever the umask; on a
-    failure nothing is left behind. Every state file llmfab writes goes through here."""
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
-            os.fchmod(f.fileno(), mode)
-        os.replace(tmp, path)
-    except BaseException:
-        _ignore(os.unlink, tmp)
-        raise
-    return path
+    failure nothing is left behind. Every state file llmfab writes goes through here: never
+    through a link or onto a FIFO or device planted at its name (safefile.replace)."""
+    from .safefile import replace
+    return replace(path, data, mode)
 
 
 def write_json(path, data, mode=0o644):

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -47,6 +48,49 @@ def _host_error(message, kind):
     return HostError(message, kind=kind)
 
 
+# Every file this module writes is opened without following a link, and a new one with O_EXCL
+# (the model directory may be writable by others, and llmfab may run as root): a planted
+# `.NAME.llmfab-part` or `sub/` link never makes it write outside the directory.
+NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+
+
+def _create(path, mode):
+    """A fresh file at `path` (fd), replacing a stale one of the same name, never through a link."""
+    try:
+        os.unlink(path)  # a link is removed itself, never followed
+    except FileNotFoundError:
+        pass
+    return os.open(path, NEW, mode)
+
+
+def _replace(path, text, mode=0o644):
+    """`text` into `path` in one rename, from a fresh name nobody could have planted."""
+    tmp = "%s.%d.%s.tmp" % (path, os.getpid(), os.urandom(4).hex())
+    try:
+        with os.fdopen(os.open(tmp, NEW, mode), "w") as f:
+            f.write(text)
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _open_under(root, head):
+    """A descriptor of directory `head` (relative) under `root`, each step opened without
+    following a link: a subdirectory planted as a link to elsewhere is refused (ELOOP/ENOTDIR)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for name in [p for p in head.split("/") if p]:
+        try:
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = nxt
+    return fd
+
+
 def part_name(rel):
     head, tail = os.path.split(rel)
     return os.path.join(head, "." + tail + PART)
@@ -75,7 +119,7 @@ def ours(rel):
     base = os.path.basename(rel)
     if rel in (MANIFEST, STAMPS, MANIFEST + ".tmp"):
         return True
-    if rel == base and base.startswith(STAMPS + ".") and base.endswith(".tmp"):
+    if rel == base and base.startswith((STAMPS + ".", MANIFEST + ".")) and base.endswith(".tmp"):
         return True
     return base.startswith(".") and base.endswith(PART)
 
@@ -143,10 +187,7 @@ def _stamps(root):
 
 
 def _save_stamps(root, stamps):
-    tmp = os.path.join(root, STAMPS + ".%d.tmp" % os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(stamps, f)
-    os.rename(tmp, os.path.join(root, STAMPS))
+    _replace(os.path.join(root, STAMPS), json.dumps(stamps))
 
 
 def _stamp(st):
@@ -204,7 +245,10 @@ def op_weights_plan(req):
                 need += f["size"] - rec["part"]
             out.append(rec)
         if os.path.isdir(root):
-            _save_stamps(root, stamps)
+            try:
+                _save_stamps(root, stamps)
+            except OSError:
+                pass  # a cache only; an unwritable directory is said by weights_prepare
         dirs.append({"path": root, "files": out, "need": need, "free": _free(root)})
     ip, port = _address()
     return {"dirs": dirs, "ip": ip, "port": port, "receiver": os.path.abspath(__file__)}
@@ -218,19 +262,29 @@ def op_weights_prepare(req):
         for d in req["dirs"]:
             for sub in [""] + list(d.get("subdirs", ())):
                 os.makedirs(os.path.join(d["path"], sub), exist_ok=True)
+                if not os.access(os.path.join(d["path"], sub), os.W_OK | os.X_OK):
+                    raise OSError(errno.EROFS if _read_only(d["path"]) else errno.EACCES,
+                                  "read-only file system" if _read_only(d["path"])
+                                  else "not writable by this user")
     except OSError as e:
-        raise _host_error("cannot create %s: %s" % (d["path"], e.strerror or e), "write_failed")
+        raise _host_error("cannot write in %s: %s (choose a writable [weights] path)"
+                          % (d["path"], (e.strerror or str(e)).lower()), "write_failed")
     base = os.path.expanduser(PULL_DIR)
     os.makedirs(base, mode=0o700, exist_ok=True)
     removed = _revoke(None)
     receiver = os.path.join(base, "receive.py")
-    tmp = receiver + ".%d.tmp" % os.getpid()
-    with open(__file__, "rb") as src, open(tmp, "wb") as f:
-        f.write(src.read())
-    os.rename(tmp, receiver)
-    with open(os.path.join(base, req["pull"] + ".json"), "w") as f:
-        json.dump({"roots": [d["path"] for d in req["dirs"]]}, f)
+    with open(__file__) as src:
+        _replace(receiver, src.read())
+    _replace(os.path.join(base, req["pull"] + ".json"),
+             json.dumps({"roots": [d["path"] for d in req["dirs"]]}))
     return {"receiver": receiver, "stale_removed": removed}
+
+
+def _read_only(path):
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
 
 
 def _authorized_keys():
@@ -256,11 +310,10 @@ def op_weights_grant(req):
     with open(path, "a") as f:
         f.write(line)
     key = os.path.join(os.path.expanduser(PULL_DIR), pull + ".key")
-    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with os.fdopen(_create(key, 0o600), "w") as f:
         f.write(req["private"])
     kh = os.path.join(os.path.expanduser(PULL_DIR), pull + ".known_hosts")
-    with open(kh, "w") as f:
+    with os.fdopen(_create(kh, 0o600), "w") as f:
         f.write("".join(l + "\n" for l in req["known_hosts"]))
     return {"key": key, "known_hosts": kh}
 
@@ -282,11 +335,7 @@ def _revoke(pull):
         keep = [l for l in lines if not ours(l)]
         removed = len(lines) - len(keep)
         if removed:
-            tmp = path + ".llmfab.tmp"
-            with open(tmp, "w") as f:
-                f.writelines(keep)
-            os.chmod(tmp, os.stat(path).st_mode & 0o777)
-            os.rename(tmp, path)
+            _replace(path, "".join(keep), os.stat(path).st_mode & 0o777)
     base = os.path.expanduser(PULL_DIR)
     try:
         names = os.listdir(base)
@@ -372,10 +421,7 @@ def op_weights_manifest(req):
     _save_stamps(root, stamps)
     data = {"source": req["source"], "commit": req.get("commit"), "files": req["files"],
             "pulled_by": "llmfab"}
-    tmp = os.path.join(root, MANIFEST + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.rename(tmp, os.path.join(root, MANIFEST))
+    _replace(os.path.join(root, MANIFEST), json.dumps(data, indent=1, sort_keys=True))
     return {"ok": True, "removed": stale, "extra": extra}
 
 
@@ -389,21 +435,57 @@ def _allowed_roots(pull):
 def receive(pull, order, stdin):
     """Receive one file of pull `pull`: `order` {root, file: {path, size, sha256}, offset};
     the bytes from `offset` on come on `stdin`. -> {ok, bytes, reason}."""
-    root, f, offset = order["root"], order["file"], int(order["offset"])
+    root, f = order["root"], order["file"]
     rel = f["path"]
     if root not in _allowed_roots(pull) or rel.startswith("/") or ".." in rel.split("/"):
         return {"ok": False, "bytes": 0, "reason": "refused: %s/%s is not this pull's" % (root, rel)}
     part = os.path.join(root, part_name(rel))
+    try:
+        # The file's directory by descriptor, each step opened without following a link; the
+        # part file and the rename inside it: nothing planted under root leads elsewhere.
+        dfd = _open_under(root, os.path.dirname(rel))
+    except OSError as e:
+        return _write_failed(e, root, part, 0)
+    try:
+        return _receive_in(dfd, root, part, os.path.basename(rel), f, int(order["offset"]), stdin)
+    finally:
+        os.close(dfd)
+
+
+def _write_failed(e, root, part, got):
+    if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        return {"ok": False, "bytes": got, "reason": "refused: %s, or a directory above it under "
+                "%s, is a symbolic link (llmfab never writes through one; remove it)" % (part, root)}
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return {"ok": False, "bytes": got, "kind": "disk_full",
+                "reason": "disk full writing %s after %d bytes (%d bytes free there)"
+                          % (part, got, _free(root))}
+    return {"ok": False, "bytes": got, "reason": "cannot write %s: %s" % (part, e.strerror or e)}
+
+
+def _receive_in(dfd, root, part, name, f, offset, stdin):
+    partname = "." + name + PART
     h = hashlib.sha256()
     got = 0
     try:
-        fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(partname, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644,
+                     dir_fd=dfd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device planted at the part's name
+            os.close(fd)
+            return {"ok": False, "bytes": 0, "reason": "refused: %s is not a regular file "
+                    "(llmfab did not create it; remove it)" % part}
+        os.set_blocking(fd, True)
         with os.fdopen(fd, "r+b") as out:
-            have = os.fstat(out.fileno()).st_size
-            if offset > min(have, f["size"]):
+            if offset > min(st.st_size, f["size"]):
                 offset = 0
-            if offset:
-                sha256_of(part, h, limit=offset)
+            left = offset
+            while left > 0:  # what is already here, hashed from the very file opened
+                data = out.read(min(CHUNK, left))
+                if not data:
+                    break
+                h.update(data)
+                left -= len(data)
             out.truncate(offset)
             out.seek(offset)
             left = f["size"] - offset
@@ -418,22 +500,18 @@ def receive(pull, order, stdin):
             out.flush()
             os.fsync(out.fileno())
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            return {"ok": False, "bytes": got, "kind": "disk_full",
-                    "reason": "disk full writing %s after %d bytes (%d bytes free there)"
-                              % (part, got, _free(root))}
-        return {"ok": False, "bytes": got, "reason": "cannot write %s: %s" % (part, e.strerror or e)}
+        return _write_failed(e, root, part, got)
     size = offset + got
     if size != f["size"]:
         return {"ok": False, "bytes": got, "reason": "got %d of %d bytes" % (size, f["size"])}
     if h.hexdigest() != f["sha256"]:
-        os.unlink(part)
+        os.unlink(partname, dir_fd=dfd)
         return {"ok": False, "bytes": got, "kind": "corrupt",
                 "reason": "sha256 %s, expected %s" % (h.hexdigest(), f["sha256"])}
-    final = os.path.join(root, rel)
-    os.rename(part, final)
+    # a link at the final name is replaced by the rename, never followed
+    os.rename(partname, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     stamps = _stamps(root)
-    stamps[rel] = [f["sha256"]] + _stamp(os.stat(final))
+    stamps[f["path"]] = [f["sha256"]] + _stamp(os.stat(name, dir_fd=dfd, follow_symlinks=False))
     _save_stamps(root, stamps)
     return {"ok": True, "bytes": got}
 
