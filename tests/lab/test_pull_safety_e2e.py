@@ -226,7 +226,7 @@ def test_check_says_a_half_pulled_model_is_incomplete(lab):
     assert "OK   path     server.model: /root/models/half exists" in r.stdout, r.stdout
     (d / shard.name).unlink()  # a file the finished pull's record lists, gone
     r = fab(lab, "-H", "h1", "check", profile=p, code=1)
-    assert f"is incomplete: 1 of the 4 files its .llmfab-manifest.json lists missing" in flat(r.stdout), r.stdout
+    assert "is incomplete: 1 of the 4 files its .llmfab-manifest.json lists missing" in flat(r.stdout), r.stdout
 
 
 def test_the_space_error_names_the_margin(lab):
