@@ -179,6 +179,7 @@ def _plan(st, dirs, pull_id, verify, reporter):
     """Connect, read what the host holds, check its space, prepare it. -> None or the error."""
     try:
         st.host.start()
+        st.host.call("weights_lock", pull=pull_id, paths=[d["path"] for d in dirs], timeout=60)
         st.plan = st.host.call("weights_plan", verify=verify, timeout=None, dirs=[
             {"path": d["path"], "files": [{k: f[k] for k in ("path", "size", "sha256")}
                                           for f in d["files"]]} for d in dirs])

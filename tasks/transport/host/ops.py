@@ -65,6 +65,8 @@ OPS = {
     # weights (fab pull)
     "weights_plan": OpInfo("weights.host.receiver", "op_weights_plan", "which model files are present and verified, "
                                                          "which partial; bytes needed and free"),
+    "weights_lock": OpInfo("weights.host.access", "op_weights_lock", "lock the model directories for this pull, "
+                                                       "or name the running pull that holds one"),
     "weights_prepare": OpInfo("weights.host.access", "op_weights_prepare", "lock the model directories, create "
                                                              "them, install the receiver, drop ended pulls' keys"),
     "weights_grant": OpInfo("weights.host.access", "op_weights_grant", "authorise the pull's key from its hosts "

@@ -130,6 +130,14 @@ def unlock(pull):
         del _HELD[path]
 
 
+def op_weights_lock(req):
+    """Take pull `pull`'s locks on `paths` before anything there is read or written (the plan
+    records verified files): -> who holds them now; a busy one is a HostError naming its pull."""
+    if not SAFE.match(req["pull"]):
+        raise _host_error("bad pull id %r" % req["pull"], "bad_input")
+    return lock_destinations(req["pull"], req["paths"])
+
+
 def op_weights_prepare(req):
     """Lock the destinations (`dirs`: [{path, subdirs}]), create each and the subdirectories
     its files go in; install this file's sibling receiver (the agent's own copy, as it was
