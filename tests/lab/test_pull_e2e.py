@@ -100,7 +100,7 @@ def test_pull_to_8_hosts_fans_out_and_a_full_disk_fails_alone(lab, model, profil
         assert o["ok"] is True and o["files_received"] == len(want) and o["bytes_received"] == need
         fed_here += o["from"].get("here", 0)
         got = {p.name: sha(p) for p in on_host(lab, h).iterdir() if not p.name.startswith(".")}
-        manifest = json.loads(got.pop("manifest.json") and on_host(lab, h, "manifest.json").read_text())
+        manifest = json.loads(on_host(lab, h, ".llmfab-manifest.json").read_text())
         assert got == want, h
         assert {f["path"]: f["sha256"] for f in manifest["files"]} == want
         assert manifest["source"] == f"local:{model}"
@@ -233,10 +233,9 @@ def test_a_repull_removes_the_earlier_pulls_files_and_keeps_the_users(lab, model
         assert o["ok"] is True and o["files_received"] == 2, o  # the new shard and the new index
         assert o["removed"] == [f"{MODEL}/{old}"], o
         got = {p.name: sha(p) for p in on_host(lab, h).iterdir() if not p.name.startswith(".")}
-        manifest = json.loads(on_host(lab, h, "manifest.json").read_text())
+        manifest = json.loads(on_host(lab, h, ".llmfab-manifest.json").read_text())
         assert {f["path"]: f["sha256"] for f in manifest["files"]} == want
         assert manifest["source"] == f"local:{rev2}"
-        got.pop("manifest.json")
         assert got == dict(want, **({"NOTES.md": sha(on_host(lab, "h1", "NOTES.md"))} if h == "h1" else {}))
     assert out["h1"]["extra_files"] == [f"{MODEL}/NOTES.md"] and out["h2"]["extra_files"] == []
     assert not on_host(lab, "h2", f".{old}.llmfab-part").exists()

@@ -82,12 +82,46 @@ def _engine_in_server_env(engine, python, env):
     return dict(_rec("engine", "OK", text), engine=record)
 
 
+def _incomplete(path):
+    """What a model directory `fab pull` fills lacks (None: nothing): its record of a finished
+    pull (.llmfab-manifest.json), a file that record lists (or of another size), or a partial
+    file (.NAME.llmfab-part) still there. Sizes only: `fab pull --verify` re-hashes."""
+    from ...weights.host.receiver import LEGACY, MANIFEST, PART, read_manifest
+    if not os.path.isdir(path):
+        return None
+    parts = []
+    for top, _, names in os.walk(path):
+        parts += [os.path.relpath(os.path.join(top, n), path) for n in names
+                  if n.startswith(".") and n.endswith(PART)]
+    if parts:
+        return "%d partial file%s of an unfinished pull (%s)" % (
+            len(parts), "" if len(parts) == 1 else "s", ", ".join(sorted(parts)[:3]))
+    record = read_manifest(path) or read_manifest(path, LEGACY)
+    if record is None:
+        return "no %s (the record a finished `fab pull` writes)" % MANIFEST
+    lacking = []
+    for f in record["files"]:
+        try:
+            if os.path.getsize(os.path.join(path, f["path"])) != f["size"]:
+                lacking.append(f["path"])
+        except (OSError, KeyError, TypeError):
+            lacking.append(str(f.get("path") if isinstance(f, dict) else f))
+    if lacking:
+        return "%d of the %d files its %s lists missing or of another size (%s)" % (
+            len(lacking), len(record["files"]), MANIFEST, ", ".join(lacking[:3]))
+    return None
+
+
 def check_paths(paths, pulled=None):
     """Each model path exists; a missing one with a [weights] source (`pulled`: path ->
     source) names `fab pull` as its fix."""
     out = []
     for key, path in paths:
-        if os.path.exists(path):
+        missing = _incomplete(path) if os.path.exists(path) and path in (pulled or {}) else None
+        if missing:
+            out.append(_rec("path", "FAIL", "%s: %s is incomplete: %s; fix: `fab pull` completes "
+                                            "it from %s ([weights])" % (key, path, missing, pulled[path])))
+        elif os.path.exists(path):
             out.append(_rec("path", "OK", "%s: %s exists" % (key, path)))
         elif path in (pulled or {}):
             out.append(_rec("path", "FAIL", "%s: %s does not exist on this host; fix: `fab pull` "
