@@ -6,6 +6,18 @@ It starts the server detached (own session and process group), appends its outpu
 to server.log beside this file, records ../../server.json, and returns at once.
 Standard library only; Python >= 3.9.
 """
+import sys
+
+# This launcher and its reaper (the supervisor) run isolated: `-I` (no PYTHONPATH, PYTHONHOME
+# or other PYTHON* variable, no user site, not this directory on sys.path) and `-S` (no site
+# start-up, no .pth code). Nothing the host's environment points Python at, and none of the
+# profile's [server] files beside this file, can stand in for the standard library used here.
+# The server gets the environment as it is (plus ENV below). Run otherwise (by hand), the
+# interpreter restarts itself so.
+if not (sys.flags.isolated and sys.flags.no_site) and sys.executable:
+    import posix  # built in: never found on a path
+    posix.execv(sys.executable, [sys.executable, "-I", "-S", __file__] + sys.argv[1:])
+
 import json
 import os
 import signal

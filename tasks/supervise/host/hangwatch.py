@@ -108,6 +108,7 @@ class HangWatch:
         self.host, self.port = cfg["probe_host"], cfg["port"]
         self.health_path, self.metrics_path = cfg["health_path"], cfg.get("metrics_path")
         self.ready = False
+        self.answering = None  # whether the last /health probe got a 200 (None: none yet)
         self.last_ok = self.last_progress = None
         self.last_generated = None
         self.next_at = time.monotonic() + self.interval
@@ -132,6 +133,7 @@ class HangWatch:
         code, _ = self._get(self.health_path)
         now = time.monotonic()
         self.next_at = now + self.interval
+        self.answering = code == 200
         if code == 200:
             self.ready = True
             self.last_ok = now
