@@ -132,6 +132,7 @@ class Supervisor:
                                 stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, close_fds=True)
         self.started_at = utc_iso()
+        self.launched = time.time()
         self.rel.record_server(proc.pid, self.started_at, self.cfg["port"])
         self.publish(state="running", next_attempt_at=None, attempt=self.attempt)
         return proc
@@ -150,11 +151,20 @@ class Supervisor:
             wait = TICK_S if hang is None else hang.next_probe_in()
             if self.sleep(wait) or hang is None:
                 continue
+            if not hang.ready:
+                hang.armed_by(self.ready_seen())
             why = hang.probe()
             if hang.ready and hang.answering != (self.status.get("health") or {}).get("answering"):
                 self.publish(health={"answering": hang.answering, "since": time.time()})
             if why and proc.poll() is None:
                 return None, why
+
+    def ready_seen(self):
+        """When deploy (or rollback) saw this attempt ready: startup.json's ready_at, written by
+        the agent before the task returns; None before that, or for an earlier attempt."""
+        rec = self.rel.read_json("startup.json") or {}
+        ready_at = rec.get("ready_at")
+        return ready_at if isinstance(ready_at, (int, float)) and ready_at >= self.launched - 1 else None
 
     def end_attempt(self, rc, hang, ended_at):
         exit_, sig, text = describe_end(rc)
