@@ -38,7 +38,7 @@ import sys
 # profile's [server] files beside this file, can stand in for the standard library used here.
 # The server gets the environment as it is (plus ENV below). Run otherwise (by hand), the
 # interpreter restarts itself so.
-if not (sys.flags.isolated and sys.flags.no_site) and sys.executable:
+if __name__ == "__main__" and not (sys.flags.isolated and sys.flags.no_site) and sys.executable:
     import posix  # built in: never found on a path
     posix.execv(sys.executable, [sys.executable, "-I", "-S", __file__] + sys.argv[1:])
 
