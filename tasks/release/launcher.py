@@ -10,7 +10,9 @@ never receives the SSH session's SIGHUP), starts the server with stdin from
 returns at once. The reaper stays to record how the server ended in `exit.json`.
 With [supervise] on, the reaper runs the supervisor instead (tasks/supervise/host/supervisor.py,
 shipped beside launch.py with the host modules it uses, see supervisor_files), which
-restarts the server per the profile; the rest of launch.py is the same.
+restarts the server per the profile; the rest of launch.py is the same. launch.py and so the
+supervisor run isolated (`python -I -S`, LAUNCHER_FLAGS in tasks/release/host/launch.py): the server's or the host's PYTHONPATH,
+PYTHONHOME, site .pth files and the release's own files never change what they import.
 """
 import json
 
@@ -28,6 +30,18 @@ It starts the server detached (own session and process group), appends its outpu
 to server.log beside this file, records ../../server.json, and returns at once.
 Standard library only; Python >= 3.9.
 """
+import sys
+
+# This launcher and its reaper (the supervisor) run isolated: `-I` (no PYTHONPATH, PYTHONHOME
+# or other PYTHON* variable, no user site, not this directory on sys.path) and `-S` (no site
+# start-up, no .pth code). Nothing the host's environment points Python at, and none of the
+# profile's [server] files beside this file, can stand in for the standard library used here.
+# The server gets the environment as it is (plus ENV below). Run otherwise (by hand), the
+# interpreter restarts itself so.
+if __name__ == "__main__" and not (sys.flags.isolated and sys.flags.no_site) and sys.executable:
+    import posix  # built in: never found on a path
+    posix.execv(sys.executable, [sys.executable, "-I", "-S", __file__] + sys.argv[1:])
+
 import hashlib
 import json
 import os
@@ -231,30 +245,39 @@ def _reaper(here, env, report_fd):
 
 SUPERVISED_REAPER = '''\
 # The profile's [supervise]: restart policy, backoff, crash-loop limit, hang detection,
-# carried out by supervise.py beside this file (standard library only, like this file).
+# carried out by llmfab_host/supervise/host/supervisor.py beside this file (standard library
+# only, like this file).
 SUPERVISE = {supervise}
 
 
 def _reaper(here, env, report_fd):
-    """Child: lead a new session; supervise.py starts the server and restarts it per SUPERVISE,
+    """Child: lead a new session; the supervisor starts the server and restarts it per SUPERVISE,
     records every attempt in restarts.jsonl and how the last one ended in exit.json."""
     os.setsid()
     _identity(here)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    sys.path.insert(0, here)
-    import supervise
-    os._exit(supervise.run(here, ARGV, env, SUPERVISE, report_fd))
+    os._exit(_supervisor(here).run(here, ARGV, env, SUPERVISE, report_fd))
+
+
+def _supervisor(here):
+    """llmfab_host/supervise/host/supervisor.py beside this file, its package imported by path:
+    this directory, which also holds the profile's [server] files, never goes on sys.path."""
+    import importlib.util
+    package = os.path.join(here, "llmfab_host")
+    spec = importlib.util.spec_from_file_location(
+        "llmfab_host", os.path.join(package, "__init__.py"), submodule_search_locations=[package])
+    sys.modules["llmfab_host"] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    import llmfab_host.supervise.host.supervisor as supervisor
+    return supervisor
 '''
 # A supervised release carries the supervisor as the host agent's own package: llmfab_host/,
 # exactly the files the agent runs (tasks/transport/agent_code.py host_files, the one way code
-# travels), supervise.py (what the reaper above imports) and the failure rules as data.
+# travels; the reaper above imports it by path), and the failure rules as data.
 SUPERVISOR_PACKAGE = HOST_PACKAGE
-SUPERVISOR_ENTRY = b'''"""Imported by launch.py's reaper: the supervisor is llmfab_host/supervise/host/supervisor.py."""
-from llmfab_host.supervise.host.supervisor import run  # noqa: F401
-'''
-SUPERVISOR_FILES = ("supervise.py", "supervise_rules.json", SUPERVISOR_PACKAGE)  # names in the release
+SUPERVISOR_FILES = ("supervise_rules.json", SUPERVISOR_PACKAGE)  # names in the release
 SUPERVISING = ("running", "backoff", "waiting-for-gpu")  # supervisor states that may still launch
 SUPERVISED_GRACE_S = DEFAULT_GRACE_S  # what is left of a crashed attempt gets fab stop's default grace
 
@@ -286,8 +309,7 @@ def supervisor_files(profile: Profile):
     if not profile.supervise.on:
         return []
     modules = [(f"{SUPERVISOR_PACKAGE}/{name}", data, 0o600) for name, data in host_files()]
-    return [("supervise.py", SUPERVISOR_ENTRY, 0o600), ("supervise_rules.json", supervisor_rules(), 0o600)] \
-        + modules
+    return [("supervise_rules.json", supervisor_rules(), 0o600)] + modules
 
 
 def _reaper(profile):

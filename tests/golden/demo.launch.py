@@ -6,6 +6,18 @@ It starts the server detached (own session and process group), appends its outpu
 to server.log beside this file, records ../../server.json, and returns at once.
 Standard library only; Python >= 3.9.
 """
+import sys
+
+# This launcher and its reaper (the supervisor) run isolated: `-I` (no PYTHONPATH, PYTHONHOME
+# or other PYTHON* variable, no user site, not this directory on sys.path) and `-S` (no site
+# start-up, no .pth code). Nothing the host's environment points Python at, and none of the
+# profile's [server] files beside this file, can stand in for the standard library used here.
+# The server gets the environment as it is (plus ENV below). Run otherwise (by hand), the
+# interpreter restarts itself so.
+if __name__ == "__main__" and not (sys.flags.isolated and sys.flags.no_site) and sys.executable:
+    import posix  # built in: never found on a path
+    posix.execv(sys.executable, [sys.executable, "-I", "-S", __file__] + sys.argv[1:])
+
 import hashlib
 import json
 import os
@@ -125,7 +137,7 @@ def _identity(here):
     of the release's own, llmfab/<KEY>/<release>; where none can be made, the session it leads
     identifies them. identity.json says which (read by tasks/steps/host/identity.py)."""
     record = {"identity": "session", "cgroup": None, "sid": os.getsid(0), "sid_start": _start_ticks()}
-    mount = None if os.environ.get("LLMFAB_NO_CGROUP") else _cgroup_mount()
+    mount = None if os.environ.get("LLMFAB_NO_CGROUP") or ENV.get("LLMFAB_NO_CGROUP") else _cgroup_mount()
     if mount:
         rel = "/llmfab/%s/%s" % (_key(os.path.dirname(os.path.dirname(here))), os.path.basename(here))
         try:

@@ -6,6 +6,18 @@ It starts the server detached (own session and process group), appends its outpu
 to server.log beside this file, records ../../server.json, and returns at once.
 Standard library only; Python >= 3.9.
 """
+import sys
+
+# This launcher and its reaper (the supervisor) run isolated: `-I` (no PYTHONPATH, PYTHONHOME
+# or other PYTHON* variable, no user site, not this directory on sys.path) and `-S` (no site
+# start-up, no .pth code). Nothing the host's environment points Python at, and none of the
+# profile's [server] files beside this file, can stand in for the standard library used here.
+# The server gets the environment as it is (plus ENV below). Run otherwise (by hand), the
+# interpreter restarts itself so.
+if __name__ == "__main__" and not (sys.flags.isolated and sys.flags.no_site) and sys.executable:
+    import posix  # built in: never found on a path
+    posix.execv(sys.executable, [sys.executable, "-I", "-S", __file__] + sys.argv[1:])
+
 import hashlib
 import json
 import os
@@ -136,7 +148,7 @@ def _identity(here):
     of the release's own, llmfab/<KEY>/<release>; where none can be made, the session it leads
     identifies them. identity.json says which (read by tasks/steps/host/identity.py)."""
     record = {"identity": "session", "cgroup": None, "sid": os.getsid(0), "sid_start": _start_ticks()}
-    mount = None if os.environ.get("LLMFAB_NO_CGROUP") else _cgroup_mount()
+    mount = None if os.environ.get("LLMFAB_NO_CGROUP") or ENV.get("LLMFAB_NO_CGROUP") else _cgroup_mount()
     if mount:
         rel = "/llmfab/%s/%s" % (_key(os.path.dirname(os.path.dirname(here))), os.path.basename(here))
         try:
@@ -150,7 +162,8 @@ def _identity(here):
 
 
 # The profile's [supervise]: restart policy, backoff, crash-loop limit, hang detection,
-# carried out by supervise.py beside this file (standard library only, like this file).
+# carried out by llmfab_host/supervise/host/supervisor.py beside this file (standard library
+# only, like this file).
 SUPERVISE = {
     'restart': 'on-failure',
     'max_restarts': 5,
@@ -168,16 +181,27 @@ SUPERVISE = {
 
 
 def _reaper(here, env, report_fd):
-    """Child: lead a new session; supervise.py starts the server and restarts it per SUPERVISE,
+    """Child: lead a new session; the supervisor starts the server and restarts it per SUPERVISE,
     records every attempt in restarts.jsonl and how the last one ended in exit.json."""
     os.setsid()
     _identity(here)
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    sys.path.insert(0, here)
-    import supervise
-    os._exit(supervise.run(here, ARGV, env, SUPERVISE, report_fd))
+    os._exit(_supervisor(here).run(here, ARGV, env, SUPERVISE, report_fd))
+
+
+def _supervisor(here):
+    """llmfab_host/supervise/host/supervisor.py beside this file, its package imported by path:
+    this directory, which also holds the profile's [server] files, never goes on sys.path."""
+    import importlib.util
+    package = os.path.join(here, "llmfab_host")
+    spec = importlib.util.spec_from_file_location(
+        "llmfab_host", os.path.join(package, "__init__.py"), submodule_search_locations=[package])
+    sys.modules["llmfab_host"] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    import llmfab_host.supervise.host.supervisor as supervisor
+    return supervisor
 
 
 def main():

@@ -1,10 +1,10 @@
 """Running a release's launch.py (no shell), pointing `current` at it, pruning.
 
-launch.py runs as its own process, `PYTHON launch.py` with the profile's interpreter, as a
-user would rerun it by hand: stdin /dev/null, stdout and stderr read here, no descriptor of
-the agent's inherited (the deploy lock and the SSH channel stay with the agent). It forks
-the reaper that leads the server's session and returns at once, printing the server record
-as its last line of output.
+launch.py runs as its own process, `PYTHON -I -S launch.py` with the profile's interpreter
+(LAUNCHER_FLAGS; run by hand without them it restarts itself so): stdin /dev/null, stdout
+and stderr read here, no descriptor of the agent's inherited (the deploy lock and the SSH
+channel stay with the agent). It forks the reaper that leads the server's session and returns
+at once, printing the server record as its last line of output.
 """
 import errno
 import json
@@ -16,6 +16,10 @@ from .release_dirs import FAILED_FILE, KEEP_RELEASES, point_current, prune
 from ...transport.host.common import utc_iso, write_json
 
 LAUNCH_TIMEOUT_S = 60
+# Isolated, without site: neither the host's PYTHONPATH/PYTHONHOME nor a site's .pth files nor a
+# file in the release directory can change what launch.py and its supervisor import. The
+# server's own environment is untouched (launch.py passes it on as it is).
+LAUNCHER_FLAGS = ("-I", "-S")
 
 # Why a server's command could not even be executed, by errno: (cause, fix), `{argv0}` the
 # program. Anything else: the system's own words. (execve(2) lists them.)
@@ -90,10 +94,10 @@ def op_launch(req):
 
 
 def run_launcher(python, launcher):
-    """(exit code, stdout, stderr) of `python launcher`. close_fds (subprocess's default)
+    """(exit code, stdout, stderr) of `python -I -S launcher`. close_fds (subprocess's default)
     keeps the agent's descriptors out of it and of the server it starts."""
     try:
-        proc = subprocess.run([python, launcher], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.run([python, *LAUNCHER_FLAGS, launcher], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise HostError("launch.py did not return within %g s" % LAUNCH_TIMEOUT_S)

@@ -1,11 +1,13 @@
 """The supervisor: restarts a release's server on the host when [supervise] is on.
 
-launch.py's reaper (the session leader that outlives the SSH session) imports
-supervise.py beside it, which runs `run()` from this module: shipped into the release
-with the modules it uses as the package llmfab_host/ (tasks/release/launcher.py). It starts the
+launch.py's reaper (the session leader that outlives the SSH session) runs `run()` from this
+module: shipped into the release with the modules it uses as the package llmfab_host/, which
+the reaper imports by path, in launch.py's isolated interpreter (`python -I -S`: nothing of
+the server's or the host's PYTHONPATH, tasks/release/launcher.py). It starts the
 server, and when the server ends (or hangs, see hangwatch.py) it records the attempt in
 restarts.jsonl, stops what is left of it exactly as `fab stop` does (procs.py: TERM the
-group once, grace, KILL, sweep by the LLMFAB_RELEASE marker), waits until GPU memory is
+group once, grace, KILL, sweep by the LLMFAB_RELEASE marker; a SIGCONT first, so that a
+stopped server takes the TERM), waits until GPU memory is
 back to gpu-baseline.json (gpu.py's tolerance), waits the backoff and relaunches the same
 argv and environment, appending to the same server.log after one marker line.
 supervisor.json says where it stands (`fab status` shows it). `fab stop` sends SIGUSR1
@@ -37,6 +39,15 @@ def describe_end(rc):
     if rc is not None and rc < 0:
         return None, signal_name(-rc), exit_words(rc)
     return rc, None, exit_words(rc)
+
+
+def resume_group():
+    """SIGCONT to this process's group before it is stopped: a server halted by SIGSTOP (or a
+    debugger) takes the TERM that follows at once, not only the KILL after the whole grace."""
+    try:
+        os.killpg(os.getpgid(0), signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 class Release:
@@ -124,12 +135,15 @@ class Supervisor:
                                 stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, close_fds=True)
         self.started_at = utc_iso()
+        self.launched = time.time()
         self.rel.record_server(proc.pid, self.started_at, self.cfg["port"])
         self.publish(state="running", next_attempt_at=None, attempt=self.attempt)
         return proc
 
     def watch(self, proc):
-        """Until the server exits, hangs or a stop comes: -> (returncode, hang text or None)."""
+        """Until the server exits, hangs or a stop comes: -> (returncode, hang text or None).
+        supervisor.json's `health` says since when /health has (not) answered 200, written
+        when that changes: proof, on the host, that the hang watch is looking."""
         hang = HangWatch(self.cfg) if self.cfg.get("hang_timeout") else None
         while True:
             rc = proc.poll()
@@ -140,9 +154,20 @@ class Supervisor:
             wait = TICK_S if hang is None else hang.next_probe_in()
             if self.sleep(wait) or hang is None:
                 continue
+            if not hang.ready:
+                hang.armed_by(self.ready_seen())
             why = hang.probe()
+            if hang.ready and hang.answering != (self.status.get("health") or {}).get("answering"):
+                self.publish(health={"answering": hang.answering, "since": time.time()})
             if why and proc.poll() is None:
                 return None, why
+
+    def ready_seen(self):
+        """When deploy (or rollback) saw this attempt ready: startup.json's ready_at, written by
+        the agent before the task returns; None before that, or for an earlier attempt."""
+        rec = self.rel.read_json("startup.json") or {}
+        ready_at = rec.get("ready_at")
+        return ready_at if isinstance(ready_at, (int, float)) and ready_at >= self.launched - 1 else None
 
     def end_attempt(self, rc, hang, ended_at):
         exit_, sig, text = describe_end(rc)
@@ -218,7 +243,8 @@ class Supervisor:
                 # KILL, and that is how its attempt ended); then the record. Meanwhile nothing
                 # runs: the attempt's leftovers (an EngineCore outliving its API server holds
                 # the GPU) are being ended, so the state is no longer "running".
-                self.publish(state="waiting-for-gpu")
+                self.publish(state="waiting-for-gpu", health=None)
+                resume_group()
                 stop_own_group(self.rel.marked, self.cfg.get("grace", DEFAULT_GRACE_S), self.sleep)
                 try:
                     proc.wait(KILL_WAIT_S)
