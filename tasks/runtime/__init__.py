@@ -45,6 +45,12 @@ def release_files(profile):
     return module.release_files(profile) if module else []
 
 
+def preflight_fields(profile):
+    """The preflight request's runtime and runtime_spec (the host half's check reads them)."""
+    module = client(profile.server.runtime)
+    return {"runtime": profile.server.runtime, "runtime_spec": module.preflight(profile) if module else {}}
+
+
 def runtime_json(record):
     """runtime.json's bytes: {"runtime": name, ...} as the host half reads it."""
     return (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()

@@ -12,6 +12,7 @@ from ..output import Block
 from ..profile.types import Profile
 from ..doctor.host_request import doctor_request
 from ..weights.sources import pull_fixes
+from ..runtime import preflight_fields
 
 
 def deploy_dir(profile: Profile):
@@ -43,6 +44,7 @@ def preflight_request(profile: Profile, state=None):
         min_free_mib=profile.gpu.min_free_mib,
         models=models_request(profile),
         doctor=doctor_request(profile),  # the rules of tasks/doctor/host/spec_rules.py
+        **preflight_fields(profile),  # runtime, runtime_spec: a systemd unit's or a container's check
     )
     server = (state or {}).get("server") or {}
     if state and state.get("alive") and server.get("port") == s.port:
