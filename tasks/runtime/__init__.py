@@ -54,3 +54,31 @@ def preflight_fields(profile):
 def runtime_json(record):
     """runtime.json's bytes: {"runtime": name, ...} as the host half reads it."""
     return (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()
+
+
+def status_fields(state):
+    """`fab status --json` fields from the agent's state answer: runtime, and the unit's
+    (systemd) or the container's (podman, docker) own state; None where it has none."""
+    return {"runtime": state.get("runtime") or "process", "unit": state.get("unit"),
+            "container": state.get("container")}
+
+
+def status_lines(record):
+    """The human line naming what runs the server, or [] for "process"."""
+    unit, box = record.get("unit"), record.get("container")
+    if unit:
+        restarts = unit.get("NRestarts") or 0
+        return [f"runtime systemd: unit {unit['name']} {unit.get('ActiveState')} ({unit.get('SubState')}), "
+                f"{restarts} restart{'s' if restarts != 1 else ''} by systemd, "
+                f"{'enabled at boot' if unit.get('UnitFileState') == 'enabled' else 'not enabled at boot'}"]
+    if box:
+        code = box.get("exit_code")
+        return [f"runtime {record['runtime']}: container {box.get('name')} {box.get('status')}"
+                + (f", exit code {code}" if code not in (None, 0) or box.get("status") == "exited" else "")]
+    return []
+
+
+def restarting(record):
+    """True when the runtime has the server down between restarts (systemd's auto-restart)."""
+    unit = record.get("unit") or {}
+    return unit.get("SubState") in ("auto-restart", "start-pre") and unit.get("ActiveState") in ("activating",)

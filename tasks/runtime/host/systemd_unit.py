@@ -409,8 +409,9 @@ def _exited(here):
     else:  # killed or dumped: a signal name (TERM, KILL, ...)
         sig = getattr(signal, "SIG" + status, None)
         returncode = -int(sig) if sig is not None else -9
-    write_json(os.path.join(here, "exit.json"), {"returncode": returncode, "ended_at": utc_iso(),
-                                                 "pid": int(os.environ.get("MAINPID") or 0) or None})
+    server = read_json(os.path.join(os.path.dirname(os.path.dirname(here)), "server.json")) or {}
+    pid = server.get("pid") if server.get("release") == os.path.basename(here) else None
+    write_json(os.path.join(here, "exit.json"), {"returncode": returncode, "ended_at": utc_iso(), "pid": pid})
     return 0
 
 
