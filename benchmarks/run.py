@@ -21,6 +21,7 @@ BENCHMARKS = {
     "tune-slots": ("tune_slots", "fab tune --slots auto on 8 fake GPUs against --slots 1"),
     "pull-fanout": ("pull_fanout", "fab pull to 8 hosts against rsync from here, in turn and at once"),
     "vllm-compare": ("vllm_bench_compare", "fab bench against vllm bench serve on one real server"),
+    "runtimes": ("runtimes", "runtime systemd against process on one host: deploy-to-ready, stop"),
     "bench-clients": ("bench_clients", "fab bench's client against vllm bench serve's, engine taken out"),
 }
 
