@@ -8,7 +8,6 @@ import functools
 import json
 import re
 import stat
-import subprocess
 import time
 
 import pytest

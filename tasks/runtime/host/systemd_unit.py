@@ -20,7 +20,6 @@ profile read it. Restart=, RestartSec= and StartLimitBurst= come from [supervise
 a rollback rewrites the unit for its release directory; stop is `systemctl stop` with the
 grace as TimeoutStopSec. The unit's cgroup is the deployment's identity (`pids`).
 """
-import json
 import os
 import shutil
 import signal
