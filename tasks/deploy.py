@@ -9,6 +9,7 @@ from .fleet.fanout import HostResult
 from .steps.preflight import deploy_dir, exposure_checks, preflight_request, ray_port_checks, run_preflight
 from .release.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
+from .runtime import release_files as runtime_files
 from .output import fab_hint
 from .steps.lock import locked
 
@@ -26,6 +27,7 @@ def release_files(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None):
     if secrets:
         files.append(("secrets.json", secrets, 0o600))
     files += supervisor_files(profile)  # before [files]: small, so always in new_release's request
+    files += runtime_files(profile)  # runtime.json of a systemd unit or a container (tasks/runtime/)
     for path in profile.server.files:
         with open(path, "rb") as f:
             files.append((os.path.basename(path), f.read(), 0o700 if os.access(path, os.X_OK) else 0o600))

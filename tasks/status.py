@@ -27,6 +27,7 @@ from .transport.host.common import exit_words
 from .fleet.fanout import HostResult
 from .output import Block, fab_hint, indented
 from .gpu.memory import other_holder_lines
+from . import runtime as runtime_status
 
 
 @dataclass
@@ -80,6 +81,7 @@ def gather(host, profile, ddir):
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
               "state": "running" if alive else "not-deployed", "last_failed": st.get("failed"),
               "deployed": bool(server), "exposure": []}
+    record.update(runtime_status.status_fields(st))  # runtime, unit / container (tasks/runtime/)
     started = st.get("startup") or {}  # the release's start, as deploy recorded it
     record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
                   ready_s=started.get("ready_s"))
@@ -189,6 +191,8 @@ def render(status):
         between = (r.get("supervisor") or {}).get("state")
         if between in ("backoff", "waiting-for-gpu"):
             how = f"is down; the supervisor restarts it ({between})"
+        elif runtime_status.restarting(r):
+            how = f"is down; systemd restarts it ({r['unit']['SubState']})"
         # why it ended, and the fix, wrapped under the headline (tasks/output.py Block)
         lines = [Block(f"not running: release {r['release']} {how}",
                        (("why", status.why), ("fix", status.fix), ("source", status.source)))]
@@ -203,6 +207,7 @@ def render(status):
     lines += [indented(t, 2) for t in status.holder_lines]
     lines += [indented(t, 2) for t in status.metric_lines]
     lines += [indented(t, 2) for t in status.supervisor_lines]
+    lines += [indented(t, 2) for t in runtime_status.status_lines(r)]
     return lines + list(status.cluster_lines)
 
 

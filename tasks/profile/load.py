@@ -20,6 +20,7 @@ from .types import Profile
 from .readers import Checker, describe
 from .checktable import read_check
 from .schema import build, supervise
+from .systemd_table import read_systemd
 from .toml_text import dumps
 from ..weights.sources import read_weights
 
@@ -53,6 +54,7 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         target, server, ready, gpu, cluster = build(ck, data, Path(top).stem)
         check = read_check(ck, data)  # [check] accept (tasks/profile/checktable.py)
         supervision = supervise(ck, data)
+        systemd = read_systemd(ck, data, server.runtime)  # [systemd] (tasks/profile/systemd_table.py)
         weights = read_weights(ck, data, _model_paths(server))
         # Saved in every release: make it stand alone (no extends, name explicit, files absolute).
         data.setdefault("target", {})["name"] = target.name
@@ -68,7 +70,7 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         cluster=cluster, resolved_toml=resolved,
         digest=hashlib.sha256(resolved.encode("utf-8")).hexdigest(),
         sources=tuple(Path(f).resolve() for f in chain), check=check,
-        supervise=supervision, weights=weights,
+        supervise=supervision, weights=weights, systemd=systemd,
     )
 
 

@@ -13,6 +13,7 @@ from ..profile.types import Profile
 from ..doctor.host_request import doctor_request
 from ..weights.sources import pull_fixes
 from ..gpu.ask import memory_ask
+from ..runtime import preflight_fields
 
 
 def deploy_dir(profile: Profile):
@@ -45,6 +46,7 @@ def preflight_request(profile: Profile, state=None):
         ask=memory_ask(profile),  # what the engine will take of each GPU (tasks/gpu/ask.py)
         models=models_request(profile),
         doctor=doctor_request(profile),  # the rules of tasks/doctor/host/spec_rules.py
+        **preflight_fields(profile),  # runtime, runtime_spec: a systemd unit's or a container's check
     )
     server = (state or {}).get("server") or {}
     if state and state.get("alive") and server.get("port") == s.port:

@@ -14,6 +14,7 @@ import subprocess
 from ...transport.host.common import HostError, expand
 from .release_dirs import FAILED_FILE, KEEP_RELEASES, point_current, prune
 from ...transport.host.common import utc_iso, write_json
+from ...runtime.host import runtimes
 
 LAUNCH_TIMEOUT_S = 60
 # Isolated, without site: neither the host's PYTHONPATH/PYTHONHOME nor a site's .pth files nor a
@@ -74,6 +75,14 @@ def op_launch(req):
     point_current(ddir, release)
     python = req.get("python") or "python3"
     fix = LAUNCHER_FIX.format(python=python, launcher=launcher)
+    runtime, spec = runtimes.for_release(rpath)
+    if runtime is not None:  # a systemd unit or a container runs it (tasks/runtime/host/)
+        try:
+            record = runtime.launch(ddir, rpath, spec, python)
+        except HostError as e:
+            raise failed(rpath, e.data.get("rule") or "runtime-failed", str(e), e.data.get("fix") or fix,
+                         line=e.data.get("line")) from None
+        return {"server": record, "pruned": prune(ddir, int(req.get("keep", KEEP_RELEASES)))}
     try:
         code, out, err = run_launcher(python, launcher)
     except HostError as e:  # the interpreter cannot run, or launch.py hangs

@@ -188,6 +188,17 @@ class Table:
                         out[pid] = rel
             if ident.get("sid"):
                 by_sid[ident["sid"]] = (rel, ident.get("sid_start"))
+        server = read_json(os.path.join(ddir, "server.json")) or {}
+        if server.get("runtime") not in (None, "process") and (release is None or server.get("release") == release):
+            # a systemd unit's cgroup, a container's PID namespace: the runtime knows its processes
+            from ...runtime.host import runtimes
+            module = runtimes.for_server(server)
+            try:
+                for pid in (module.pids(ddir, server) if module else ()):
+                    if pid in self.stats:
+                        out.setdefault(pid, server.get("release"))
+            except Exception:  # noqa: BLE001 - a runtime that cannot answer leaves the other marks
+                pass
         prefix = os.path.join(ddir, "releases") + "/"
         for pid in self.stats:
             if pid == me or pid in out:

@@ -8,6 +8,7 @@ import sys
 
 from . import engineid, modelcheck, probe
 from ...gpu.host import nvsmi
+from ...runtime.host import runtimes
 from ...transport.host.common import group_members, which
 MIN_DISK_FREE_MIB = 16  # below this a release, let alone its log, may not fit
 
@@ -222,6 +223,9 @@ def check_gpus(nvidia_smi, devices, min_free, ask=None, held=()):
 def run(req):
     engine = check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"))
     checks = [check_python(), engine]
+    runtime = runtimes.for_server({"runtime": req.get("runtime")})
+    if runtime is not None:  # systemd or a container engine present and working (tasks/runtime/host/)
+        checks += runtime.check(req)
     checks += check_paths(req.get("paths", []), req.get("pulled"))
     checks += modelcheck.run(req.get("models"))
     if (req.get("doctor") or {}).get("method"):  # rules of doctor_rules.py (a speculative method)

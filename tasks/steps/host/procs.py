@@ -14,6 +14,7 @@ import time
 
 from ...gpu.host import nvsmi, gpuprocs
 from ...supervise.host import supervisor_state
+from ...runtime.host import runtimes
 from ...transport.host.common import (STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive, read_json, utc_iso, write_json)
 from . import identity
 DEFAULT_GRACE_S = 30.0  # SIGTERM -> SIGKILL of every stop (fab stop, deploy, supervisor, Ray): the one default
@@ -161,6 +162,9 @@ def baseline(ddir, server):
 def op_stop(req):
     ddir = expand(req["deploy_dir"])
     server = read_json(os.path.join(ddir, "server.json"))
+    runtime = runtimes.for_server(server)  # a systemd unit or a container (tasks/runtime/host/)
+    if runtime is not None:
+        return _stop_runtime(runtime, ddir, server, req)
     # The supervisor first: once it says "off" it restarts nothing, not even from a backoff.
     supervised = supervisor_state.end(ddir, server)
     base = baseline(ddir, server)
@@ -183,6 +187,20 @@ def op_stop(req):
     out["held"] = held
     out["held_others"] = others
     out["trusted"] = trusted
+    if req.get("nvidia_smi"):
+        out["gpus"] = nvsmi.select(nvsmi.read_gpus(req["nvidia_smi"]), req.get("devices"))
+    return out
+
+
+def _stop_runtime(runtime, ddir, server, req):
+    """op_stop for a server its runtime runs: the runtime stops it (systemctl stop, podman stop)
+    with the grace, and the answer carries the same GPU readings as a process's stop."""
+    base = baseline(ddir, server)
+    before = None
+    if base and base.get("gpus") and runtime.pids(ddir, server):
+        before = nvsmi.read_gpus(base.get("nvidia_smi") or "nvidia-smi")
+    out = runtime.stop(ddir, server, float(req.get("grace", DEFAULT_GRACE_S)), req.get("by", "fab stop"))
+    out.update(supervisor_was=None, baseline=base, gpus_before=before)
     if req.get("nvidia_smi"):
         out["gpus"] = nvsmi.select(nvsmi.read_gpus(req["nvidia_smi"]), req.get("devices"))
     return out

@@ -4,6 +4,7 @@ import os
 import time
 
 from ...supervise.host import supervisor_state
+from ...runtime.host import runtimes
 from ...transport.host.common import expand, read_exit, read_json
 from .identity import server_alive
 from ...release.host.release_dirs import FAILED_FILE, current_release, releases_sorted
@@ -28,8 +29,15 @@ def op_state(req):
     current = current_release(ddir)
     out = {"deploy_dir": ddir, "exists": os.path.isdir(ddir), "server": server,
            "current": current, "alive": False, "exit": None, "failed": last_failed(ddir, current)}
+    out["runtime"] = (server or {}).get("runtime") or "process"
+    runtime, now = runtimes.for_server(server), None
+    if runtime is not None:  # a systemd unit or a container: its state says (tasks/runtime/host/)
+        now = runtime.state(ddir, server)
+        out.update({k: v for k, v in now.items() if k in ("unit", "container")})
+        if now.get("pid") and now["pid"] != server.get("pid"):  # restarted by the runtime
+            server = out["server"] = dict(server, pid=now["pid"], pgid=now["pid"])
     if server:
-        out["alive"] = server_alive(ddir, server)
+        out["alive"] = now["alive"] if now is not None else server_alive(ddir, server)
         out["exit"] = read_exit(os.path.join(ddir, "releases", server["release"]), server["pid"])
         out["now"] = time.time()
         out["supervisor"] = supervisor_state.read(ddir, server)
