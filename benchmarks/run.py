@@ -22,6 +22,7 @@ BENCHMARKS = {
     "pull-fanout": ("pull_fanout", "fab pull to 8 hosts against rsync from here, in turn and at once"),
     "vllm-compare": ("vllm_bench_compare", "fab bench against vllm bench serve on one real server"),
     "bench-clients": ("bench_clients", "fab bench's client against vllm bench serve's, engine taken out"),
+    "endpoint-routers": ("endpoint_routers", "HAProxy, nginx+lua, vllm-router, LiteLLM in front of two servers vs direct"),
 }
 
 
