@@ -14,7 +14,7 @@ local M = dofile("members.lua")  -- {name = {backend, addr, port, idle_s, check}
 local state = {}  -- name -> {asleep, last_use, expect, waking, wakes, last_wake_s, error}
 
 for name, _ in pairs(M) do
-  state[name] = {asleep = false, last_use = core.now().sec, expect = nil, waking = false,
+  state[name] = {asleep = false, last_use = core.now().sec, expect = M[name].expect, waking = false,
                  wakes = 0, sleeps = 0, last_wake_s = nil, last_sleep_s = nil, error = nil}
 end
 

@@ -30,6 +30,7 @@ class Member:
     host: str          # where the router reaches it (the member's [server] host)
     port: int
     idle_s: float = 0  # parked after this long without a request (0: never by itself)
+    expect: str = None  # its check completion's raw text, recorded at ready (None: the router records it)
 
 
 def check_body(model):
@@ -38,16 +39,20 @@ def check_body(model):
 
 
 def _lua_str(s):
-    return '"' + "".join(c if c.isalnum() or c in " ._-:/{}[],=@" else "\\%03d" % ord(c)
-                         for c in s) + '"'
+    """A Lua string literal of `s`'s UTF-8 bytes (anything but plain ASCII as \\ddd)."""
+    safe = set(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ._-:/{}[],=@")
+    return '"' + "".join(chr(b) if b in safe else "\\%03d" % b
+                         for b in s.encode("utf-8", "surrogateescape")) + '"'
 
 
 def members_lua(members):
     rows = []
     for m in members:
-        rows.append("  [%s] = {backend = %s, addr = %s, port = %d, idle_s = %s, check = %s},"
-                    % (_lua_str(m.name), _lua_str("be_" + m.name), _lua_str(m.host), m.port,
-                       repr(float(m.idle_s)), _lua_str(check_body(m.model))))
+        addr = "127.0.0.1" if m.host in ("0.0.0.0", "::", "") else m.host
+        expect = "nil" if m.expect is None else _lua_str(m.expect)
+        rows.append("  [%s] = {backend = %s, addr = %s, port = %d, idle_s = %s, check = %s, expect = %s},"
+                    % (_lua_str(m.name), _lua_str("be_" + m.name), _lua_str(addr), m.port,
+                       repr(float(m.idle_s)), _lua_str(check_body(m.model)), expect))
     return "return {\n" + "\n".join(rows) + "\n}\n"
 
 
@@ -112,7 +117,8 @@ def haproxy_cfg(members, host, port, admin_port, *, nbthread=None):
         "  http-request use-service lua.llmfab_admin",
     ]
     for m in members:
-        lines += ["", f"backend be_{m.name}", f"  server m {m.host}:{m.port}"]
+        addr = "127.0.0.1" if m.host in ("0.0.0.0", "::", "") else m.host
+        lines += ["", f"backend be_{m.name}", f"  server m {addr}:{m.port}"]
     return "\n".join(lines) + "\n"
 
 
