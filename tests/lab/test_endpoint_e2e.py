@@ -5,11 +5,6 @@ not fit, a router that dies, stop of one member leaving the other serving, and s
 import functools
 import json
 import os
-import shutil
-import signal
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -17,9 +12,7 @@ import helpers
 from helpers import write_profile
 from hostlab import HostLab, wait_for
 
-pytestmark = [pytest.mark.e2e,
-              pytest.mark.skipif(shutil.which("haproxy") is None and not os.path.exists("/usr/sbin/haproxy"),
-                                 reason="haproxy is not installed (.ci/run installs it)")]
+pytestmark = pytest.mark.e2e  # haproxy: .ci/run installs it
 
 MIB = 2048     # each member's fake GPU memory (a quarter kept by the server while asleep)
 BASELINE = 4   # the stand-in driver's idle reading per GPU
