@@ -252,7 +252,7 @@ def start_routers(tmp, logs):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="run.py endpoint-routers", description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--n1", type=int, default=20, help="requests at concurrency 1 per round")
     ap.add_argument("--n32", type=int, default=128, help="requests at concurrency 32 per round")

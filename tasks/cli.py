@@ -55,10 +55,10 @@ COMMANDS = {
         "weights.pull", "pull", "options.PullOptions",
         "Copy the [weights] sources onto every host, verified (size, sha256); hosts feed each other."),
     "sleep": CommandInfo(
-        "endpoint.task", "sleep", "options.ParkOptions",
+        "endpoint.commands", "sleep", "options.ParkOptions",
         "Park endpoint members: vLLM sleep mode level 1, GPU memory given back; a request wakes them."),
     "wake": CommandInfo(
-        "endpoint.task", "wake", "options.ParkOptions",
+        "endpoint.commands", "wake", "options.ParkOptions",
         "Wake parked endpoint members; traffic returns once a known greedy completion matches."),
     "tune": CommandInfo(
         "tune.task", "tune", "tune.sweep_options.TuneOptions",
@@ -149,7 +149,7 @@ def _boundary(c, name, flags):
     try:
         opts = options_class(info).from_flags(**flags)
         if name in ENDPOINT_AWARE:  # an endpoint profile: its members and router (tasks/endpoint/)
-            from .endpoint.task import dispatch
+            from .endpoint.commands import dispatch
             done = dispatch(c, name, opts)
             if done is not None:
                 return done

@@ -17,7 +17,7 @@ LUA_FILE = Path(__file__).with_name("llmfab_park.lua")
 # The largest request body HAProxy reads to find `model` (its buffer): a longer body's `model`
 # is found only when it comes first, as every OpenAI client sends it.
 BUFSIZE = 262144
-# The known greedy completion checked after every wake (DOMAIN.md: level 1 keeps the weights;
+# The known greedy completion checked after every wake (level 1 keeps the weights, as measured on the H200: docs/endpoint.md;
 # the text must match the one recorded at ready before traffic returns).
 CHECK_PROMPT = "The capital of France is"
 CHECK_TOKENS = 8
