@@ -24,6 +24,7 @@ BENCHMARKS = {
     "vllm-compare": ("vllm_bench_compare", "fab bench against vllm bench serve on one real server"),
     "runtimes": ("runtimes", "runtime systemd against process on one host: deploy-to-ready, stop"),
     "bench-clients": ("bench_clients", "fab bench's client against vllm bench serve's, engine taken out"),
+    "endpoint-routers": ("endpoint_routers", "HAProxy, nginx+lua, vllm-router, LiteLLM in front of two servers vs direct"),
 }
 
 

@@ -55,6 +55,12 @@ COMMANDS = {
     "pull": CommandInfo(
         "weights.pull", "pull", "options.PullOptions",
         "Copy the [weights] sources onto every host, verified (size, sha256); hosts feed each other."),
+    "sleep": CommandInfo(
+        "endpoint.commands", "sleep", "options.ParkOptions",
+        "Park endpoint members: vLLM sleep mode level 1, GPU memory given back; a request wakes them."),
+    "wake": CommandInfo(
+        "endpoint.commands", "wake", "options.ParkOptions",
+        "Wake parked endpoint members; traffic returns once a known greedy completion matches."),
     "tune": CommandInfo(
         "tune.task", "tune", "tune.sweep_options.TuneOptions",
         "Deploy each speculative-decoding variant, bench it the same way, and name the fastest."),
@@ -132,12 +138,22 @@ def options_class(info):
     return getattr(importlib.import_module(f".{module}", __package__), name)
 
 
+# Tasks that, given an endpoint profile ([endpoint] members = [...]), run on its members and router.
+ENDPOINT_AWARE = ("deploy", "status", "stop", "tail-log", "bench", "sleep", "wake", "check",
+                  "releases", "rollback", "kill-gpu-procs", "targets", "tune", "pull")
+
+
 def _boundary(c, name, flags):
     """Parse `flags` into task `name`'s options record and run its body with them; any
     LlmfabError becomes `error: <message>` and its exit code."""
     info = COMMANDS[name]
     try:
         opts = options_class(info).from_flags(**flags)
+        if name in ENDPOINT_AWARE:  # an endpoint profile: its members and router (tasks/endpoint/)
+            from .endpoint.commands import dispatch
+            done = dispatch(c, name, opts)
+            if done is not None:
+                return done
         body = getattr(importlib.import_module(f".{info.module}", __package__), info.function)
         return body(c, opts)
     except LlmfabError as e:  # a message may quote a server's text: made safe for a terminal;
@@ -268,6 +284,18 @@ def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, pro
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
     return _boundary(c, "bench", locals())
+
+
+@command(member="only this member (its target.name; default: every member)",
+         json="print one JSON object per host on stdout (human text goes to stderr)")
+def sleep(c, profile=None, member=None, json=False, parallel=None, accept_new_host_keys=False):
+    return _boundary(c, "sleep", locals())
+
+
+@command(member="only this member (its target.name; default: every member)",
+         json="print one JSON object per host on stdout (human text goes to stderr)")
+def wake(c, profile=None, member=None, json=False, parallel=None, accept_new_host_keys=False):
+    return _boundary(c, "wake", locals())
 
 
 @command(out="write it to this file, replaced in one rename (default: stdout)")

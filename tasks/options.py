@@ -278,6 +278,12 @@ class KillGpuProcsOptions(Common):
 
 
 @dataclasses.dataclass(frozen=True)
+class ParkOptions(Common):
+    member: Optional[str] = None  # one endpoint member (its target.name); None: every member
+    json: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class TargetsOptions(Common):
     out: Optional[str] = None        # the file_sd file, replaced atomically; None: stdout
 

@@ -75,6 +75,13 @@ OPS = {
     "weights_send": OpInfo("weights.host.receiver", "op_weights_send", "stream a verified file to another host over SSH"),
     "weights_manifest": OpInfo("weights.host.receiver", "op_weights_manifest", "remove the earlier pull's files the source "
                                                                  "lacks, write .llmfab-manifest.json beside the weights"),
+    # endpoints (several deployments behind one router)
+    "endpoint_facts": OpInfo("endpoint.host.endpoint_ops", "op_endpoint_facts", "what an endpoint's memory plan "
+                                                                "reads: GPUs, weights from safetensors headers"),
+    "endpoint_admin": OpInfo("endpoint.host.endpoint_ops", "op_endpoint_admin", "one call to the endpoint router's "
+                                                                "admin service (park, wake, state)"),
+    "endpoint_http": OpInfo("endpoint.host.endpoint_ops", "op_endpoint_http", "one HTTP request to an endpoint "
+                                                              "member on this host (check completion, sleep)"),
     # Ray clusters
     "ray_address": OpInfo("fleet.host.ray_node", "op_ray_address", "the head node's address"),
     "ray_start": OpInfo("fleet.host.ray_node", "op_ray_start", "start this Ray node (head or worker) detached"),
