@@ -174,18 +174,23 @@ def check_disk(deploy_dir, min_free_mib=MIN_DISK_FREE_MIB):
     return _rec("disk", "OK", msg)
 
 
-def _ask_check(g, free, ask):
+def _ask_check(g, free, ask, held=()):
     """FAIL when the engine's start-up fraction of this device (tasks/gpu/ask.py) is more than
-    is free, with both numbers and the largest fraction that fits; None when it fits."""
+    is free, with both numbers, who holds the rest and the largest fraction that fits; None
+    when it fits."""
     want = ask["fraction"] * g["total_mib"]
     if free >= want:
         return None
     fit = max(0.0, int(free / g["total_mib"] * 100 - 2) / 100)  # as failure rule util_fit: 2 points spare
+    others = ["pid %d (%s, %s) %d MiB" % (h["pid"], h["name"], "deployment %s" % h["deployment"]
+                                          if h.get("deployment") else "not an llmfab deployment", h["mib"])
+              for h in held if h["gpu"] == g["index"] and not h.get("live")]
     return _rec("gpu", "FAIL", "GPU %d: the engine will ask %s %g x %d MiB = %d MiB at start-up%s, but only "
-                "%d MiB is free; set %s to at most %.2f in [server.args], or free the GPU (`fab status` "
-                "names who holds it)" % (g["index"], ask["flag"], ask["fraction"], g["total_mib"], want,
-                                         " (the engine's default)" if ask.get("default") else "", free,
-                                         ask["flag"], fit))
+                "%d MiB is free%s; set %s to at most %.2f in [server.args], or free the GPU (`fab "
+                "kill-gpu-procs`)" % (g["index"], ask["flag"], ask["fraction"], g["total_mib"], want,
+                                      " (the engine's default)" if ask.get("default") else "", free,
+                                      " (held by %s)" % ", ".join(others) if others else "",
+                                      ask["flag"], fit))
 
 
 def check_gpus(nvidia_smi, devices, min_free, ask=None, held=()):
@@ -209,7 +214,7 @@ def check_gpus(nvidia_smi, devices, min_free, ask=None, held=()):
         msg = "GPU %d %s: %s MiB free of %s" % (g["index"], g["name"], free, g["total_mib"])
         if own:
             msg += " (with the %d MiB this deployment's server gives back)" % own
-        failed = _ask_check(g, free, ask) if ask and free is not None and g["total_mib"] else None
+        failed = _ask_check(g, free, ask, held) if ask and free is not None and g["total_mib"] else None
         if min_free and (free is None or free < min_free):
             out.append(_rec("gpu", "FAIL", msg + ", below gpu.min_free_mib = %d; free it with "
                             "`fab kill-gpu-procs`" % min_free))
