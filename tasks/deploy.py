@@ -7,6 +7,8 @@ from .errors import ExitCode, OperationFailed
 from .failures.failed_server import reporting_json
 from .fleet.fanout import HostResult
 from .steps.preflight import deploy_dir, exposure_checks, preflight_request, ray_port_checks, run_preflight
+from .runtime import host_python
+from .runtime.container import container_files
 from .release.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
 from .output import fab_hint
@@ -26,6 +28,7 @@ def release_files(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None):
     if secrets:
         files.append(("secrets.json", secrets, 0o600))
     files += supervisor_files(profile)  # before [files]: small, so always in new_release's request
+    files += container_files(profile)  # a container release's launch.py imports the host package
     for path in profile.server.files:
         with open(path, "rb") as f:
             files.append((os.path.basename(path), f.read(), 0o700 if os.access(path, os.X_OK) else 0o600))
@@ -157,7 +160,7 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
         # launch: its cache directory is read as the engine finds it)
         ("startup_last", dict(deploy_dir=ddir, release=rel["release"], engine_version=version,
                               cache_dir=next(iter(cache.values()), None))),
-        ("launch", dict(deploy_dir=ddir, release=rel["release"], python=profile.server.interpreter,
+        ("launch", dict(deploy_dir=ddir, release=rel["release"], python=host_python(profile),
                         keep=profile.target.keep_releases)),
         # from here on this task only waits: `fab stop` may end it (steps/host/flock.py)
         ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),

@@ -73,7 +73,9 @@ def gather(host, profile, ddir):
               "requests_running": None, "requests_waiting": None, "kv_cache_usage": None,
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
               "state": "running" if alive else "not-deployed", "last_failed": st.get("failed"),
-              "deployed": bool(server)}
+              "deployed": bool(server), "runtime": st.get("runtime") or "process"}
+    if st.get("container"):  # a container runtime: the engine's word (tasks/runtime/host/container.py)
+        record["container"] = {k: st["container"].get(k) for k in ("name", "id", "status", "exit_code", "restarts")}
     started = st.get("startup") or {}  # the release's start, as deploy recorded it
     record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
                   ready_s=started.get("ready_s"))
@@ -182,6 +184,10 @@ def render(status):
                        (("why", status.why), ("fix", status.fix), ("source", status.source)))]
     else:
         lines = ["not deployed"]
+    c = r.get("container")
+    if c:
+        lines.append(f"  container {c['name']} ({r['runtime']}): {c['status']}, exit code {c['exit_code']}, "
+                     f"restarts {c['restarts']}")
     from .startup.estimate import summary
     if r["running"] and summary(r):
         lines.append("  " + summary(r) + f" (ready in {r['ready_s']:.1f} s)")

@@ -311,9 +311,11 @@ class HostLab:
     root: where the lab's files go (default /var/tmp/llmfab-lab-<slot>; must not be under
           /tmp or /root, which are per-host inside the lab). Removed by close().
     gpus: fake GPUs per host (the stand-in nvidia-smi's gpus.json).
+    sshd_env: environment every SSH session of every host gets (sshd's SetEnv), e.g. where
+          podman's configuration is (tests/podmanlab.py).
     """
 
-    def __init__(self, n_hosts, *, pidns=(), root=None, gpus=2):
+    def __init__(self, n_hosts, *, pidns=(), root=None, gpus=2, sshd_env=None):
         problems = missing_prerequisites()
         if problems:
             raise LabUnavailable("the SSH test lab cannot run here: " + "; ".join(problems))
@@ -331,6 +333,7 @@ class HostLab:
         self._silent_conns = []
         self._ml_env = None
         self._gpus = gpus
+        self._sshd_env = dict(sshd_env or {})
         self.slot = self._take_slot(root)
         atexit.register(self.close)
         try:
@@ -642,8 +645,8 @@ class HostLab:
             "MaxSessions 100",
             "UseDNS no",
             "PrintMotd no",
-            "",
-        ]))
+        ] + (["SetEnv " + " ".join("%s=%s" % kv for kv in sorted(self._sshd_env.items()))]
+             if self._sshd_env else []) + [""]))  # one line: sshd keeps a keyword's first
 
     def _nsenter(self, host):
         argv = ["nsenter", "-t", str(host.holder_pid), "--net", "--mount", "--uts"]

@@ -10,6 +10,7 @@ import os
 import sys
 
 from ..errors import ExitCode, Interrupted, TaskFailed
+from ..runtime import host_python
 
 INTERRUPT_NOTE = "interrupted (Ctrl-C): nothing more was done on any host"
 
@@ -40,7 +41,7 @@ def host_kwargs(c, profile, opts, python=None):
         timeout = c.config.timeouts.connect
     except AttributeError:
         pass
-    return dict(config=c.config, python=python or profile.server.interpreter,
+    return dict(config=c.config, python=python or host_python(profile),
                 connect_timeout=timeout,
                 accept_new_host_keys=opts.accept_new_host_keys)
 

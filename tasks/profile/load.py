@@ -20,6 +20,7 @@ from .types import Profile
 from .readers import Checker, describe
 from .checktable import read_check
 from .schema import build, supervise
+from .container import read_container
 from .toml_text import dumps
 from ..weights.sources import read_weights
 
@@ -54,6 +55,7 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         check = read_check(ck, data)  # [check] accept (tasks/profile/checktable.py)
         supervision = supervise(ck, data)
         weights = read_weights(ck, data, _model_paths(server))
+        container = read_container(ck, data, server.runtime)  # [container] (tasks/profile/container.py)
         # Saved in every release: make it stand alone (no extends, name explicit, files absolute).
         data.setdefault("target", {})["name"] = target.name
         if server.files:
@@ -66,7 +68,7 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         cluster=cluster, resolved_toml=resolved,
         digest=hashlib.sha256(resolved.encode("utf-8")).hexdigest(),
         sources=tuple(Path(f).resolve() for f in chain), check=check,
-        supervise=supervision, weights=weights,
+        supervise=supervision, weights=weights, container=container,
     )
 
 

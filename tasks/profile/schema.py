@@ -12,6 +12,7 @@ from ..release.host.release_dirs import KEEP_RELEASES
 from .serverenv import VLLM_INT_FLAGS, vllm_flag
 from .readers import REQUIRED, no_nul_or_dates
 from .keys import Key, table
+from ..runtime import DEFAULT_RUNTIME, RUNTIMES
 
 TOP_KEYS = table(
     "",
@@ -26,6 +27,8 @@ TOP_KEYS = table(
     Key("cluster", "table", "none", "one model over several nodes through Ray: [cluster] below"),
     Key("check", "table", "{}", "doctor findings the profile accepts: [check] below"),
     Key("supervise", "table", "{}", "restarts on the host: [supervise] below"),
+    Key("container", "table", "none", "the image and mounts of runtime = \"podman\" or \"docker\": "
+        "[container] below"),
     Key("weights", "table", "{}",
         "where `fab pull` gets each model directory from: model path on the host = "
         "\"hf://ORG/NAME@REV\" or \"local:/dir/on/this/machine\" (tasks/weights/sources.py)"),
@@ -77,6 +80,9 @@ SERVER_KEYS = table(
         "argv item per element, a table ONE item of compact JSON (speculative-config); never a "
         "secret (argv shows in ps). llmfab reads a few itself, dashes or underscores alike: "
         "host, port, served-model-name, api-key and speculative-config (the doctor)"),
+    Key("runtime", '"process", "systemd", "podman" or "docker"', '"process"',
+        "what runs the server on the host: llmfab's own launcher (a detached process group), a "
+        "systemd unit, or a container of podman or docker ([container]); docs/runtimes.md"),
     Key("env", "table", "{}",
         "the server's environment: strings, numbers, booleans (\"1\"/\"0\"), or "
         "{ from_env = \"NAME\" }, a secret read from your environment into a 0600 file on the "
@@ -217,8 +223,9 @@ def _server(ck, s):
     files = ck.get(s, p, "files", _files, ())
     args = ck.get(s, p, "args", lambda c, v, q: read_args(c, v, q), ())
     env = ck.get(s, p, "env", lambda c, v, q: read_env(c, v, q), ())
+    runtime = ck.get(s, p, "runtime", _runtime, DEFAULT_RUNTIME)
     server = Server(engine=engine, python=python, model=model, host=host, port=port,
-                    command=command, args=args, env=env, files=files)
+                    command=command, args=args, env=env, files=files, runtime=runtime)
     if engine == "vllm":
         _vllm_int_flags(ck, p + ("env",), env)
     flag = server.flags.get("port")
@@ -242,6 +249,12 @@ def _vllm_int_flags(ck, path, env):
                 ck.fail(path + (name,), '"1" (or true) for on, "0" (or false) for off: vLLM reads '
                         f"{name} with int() (vllm/envs.py) and would stop with ValueError",
                         text if value is text else "a secret")
+
+
+def _runtime(ck, v, path):
+    if v not in RUNTIMES:
+        ck.fail(path, "one of " + ", ".join(f'"{r}"' for r in RUNTIMES), v)
+    return v
 
 
 def _engine(ck, v, path):

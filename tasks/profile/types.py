@@ -59,6 +59,7 @@ class Server:
     args: Tuple[Tuple[str, ArgValue], ...] = ()  # flag name (no "--") -> value, in file order
     env: Tuple[Tuple[str, Union[str, Secret]], ...] = ()
     files: Tuple[str, ...] = ()                  # local paths (absolute, resolved) copied into the release dir
+    runtime: str = "process"                     # a row of tasks/runtime/__init__.py RUNTIMES
     # `args` read once, when the Server is made: what every reader of [server.args] asks
     flags: ServerArgs = field(init=False, repr=False, compare=False)
     # `env` read once: what every reader of [server.env] asks (tasks/profile/serverenv.py)
@@ -130,6 +131,7 @@ class Profile:
     check: CheckCfg = CheckCfg()                 # [check] accept = [doctor rule ids]
     supervise: Supervise = Supervise()
     weights: tuple = ()                          # [weights]: WeightSource per model path (fab pull)
+    container: Optional[object] = None           # [container] (tasks/profile/container.py) for podman/docker
 
     @property
     def served_name(self):

@@ -177,6 +177,52 @@ SUPERVISING = ("running", "backoff", "waiting-for-gpu")  # supervisor states tha
 SUPERVISED_GRACE_S = DEFAULT_GRACE_S  # what is left of a crashed attempt gets fab stop's default grace
 
 
+# launch.py of a container release ([server] runtime = "podman" | "docker"): everything above
+# the reaper is the same; its main starts the container through the host package it carries
+# (tasks/runtime/host/container.py; tasks/runtime/container.py says what the container holds).
+PROCESS_MAIN = "{reaper}\n"
+CONTAINER_MAIN = '''\
+# The container this release runs in: engine, image, GPUs, mounts, restart policy ([supervise]).
+CONTAINER = {container}
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    deployment = os.path.dirname(os.path.dirname(here))
+    # Only what the profile gives: the host's own environment stays outside the container.
+    env = dict(ENV, LLMFAB_RELEASE=here)
+    for name, rel in CACHE_ENV.items():
+        env[name] = os.path.join(deployment, rel)
+        os.makedirs(env[name], exist_ok=True)
+    if SECRET_NAMES:
+        with open(os.path.join(here, "secrets.json")) as f:
+            secrets = json.load(f)
+        env.update({{k: secrets[k] for k in SECRET_NAMES}})
+    sys.path.insert(0, here)
+    from llmfab_host.runtime.host import container
+    record = container.launch(here, ARGV, env, CONTAINER)
+    if "error" not in record:
+        _write_json(os.path.join(deployment, "server.json"), record)
+    print(json.dumps(record))
+    return 1 if "error" in record else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def _template(profile: Profile):
+    """launch.py's text with its main: the process runtime's, or a container's."""
+    from ..runtime import CONTAINER_RUNTIMES
+    if profile.server.runtime in CONTAINER_RUNTIMES:
+        from ..runtime.container import container_spec
+        head = TEMPLATE[:TEMPLATE.index(PROCESS_MAIN)]
+        return head + CONTAINER_MAIN.replace("{container}", _literal(container_spec(profile)).replace(
+            "{", "{{").replace("}", "}}"))
+    return TEMPLATE
+
+
 def supervise_config(profile: Profile):
     """The SUPERVISE dict of launch.py: [supervise] plus where the hang probes look."""
     from ..steps.host.probe import probe_host
@@ -201,8 +247,9 @@ def supervisor_rules():
 
 def supervisor_files(profile: Profile):
     """[(name, bytes, mode)] of the supervisor, for the release directory; [] when off."""
-    if not profile.supervise.on:
-        return []
+    from ..runtime import CONTAINER_RUNTIMES
+    if not profile.supervise.on or profile.server.runtime in CONTAINER_RUNTIMES:
+        return []  # a container's restarts are its engine's (tasks/runtime/container.py)
     modules = [(f"{SUPERVISOR_PACKAGE}/{name}", data, 0o600) for name, data in host_files()]
     return [("supervise.py", SUPERVISOR_ENTRY, 0o600), ("supervise_rules.json", supervisor_rules(), 0o600)] \
         + modules
@@ -238,7 +285,7 @@ def render_launcher(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None) 
     tasks/startup/estimate.py). Deterministic: golden-tested."""
     from ..startup.estimate import cache_env
     from ..weights.sources import offline_env
-    return TEMPLATE.format(
+    return _template(profile).format(
         cache_env=_literal(cache_env(profile, engine_version)),
         name="'%s'" % _in_docstring(profile.target.name),
         profile_name=_in_docstring(profile.path.name),

@@ -12,6 +12,8 @@ from ..output import Block
 from ..profile.types import Profile
 from ..doctor.host_request import doctor_request
 from ..weights.sources import pull_fixes
+from ..runtime import CONTAINER_RUNTIMES
+from ..runtime.container import container_spec
 
 
 def deploy_dir(profile: Profile):
@@ -44,6 +46,8 @@ def preflight_request(profile: Profile, state=None):
         models=models_request(profile),
         doctor=doctor_request(profile),  # the rules of tasks/doctor/host/spec_rules.py
     )
+    if s.runtime in CONTAINER_RUNTIMES:  # the engine, image and GPUs of the container
+        req["container"] = container_spec(profile)
     server = (state or {}).get("server") or {}
     if state and state.get("alive") and server.get("port") == s.port:
         req["port_owner_pgid"] = server["pgid"]

@@ -13,6 +13,7 @@ import signal
 import time
 
 from ...gpu.host import nvsmi, gpuprocs
+from ...runtime.host import container
 from ...supervise.host import supervisor_state
 from ...transport.host.common import (MARKER, STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive, pids_marked, proc_read, read_json, release_marker, utc_iso, write_json)
 DEFAULT_GRACE_S = 30.0  # SIGTERM -> SIGKILL of every stop (fab stop, deploy, supervisor, Ray): the one default
@@ -78,6 +79,10 @@ def stop(ddir, grace, by=None):
     `by` (e.g. "fab stop") records the stop in the release first; None when the server is
     stopped because it failed (its failure stays its explanation)."""
     server = read_json(os.path.join(ddir, "server.json")) or {}
+    if container.is_container(server):  # the engine stops its container (runtime/host/container.py)
+        if by and container.alive(ddir, server):
+            mark_stopped(ddir, server, by)
+        return container.stop(ddir, server, grace)
     targets, pgid = ours(ddir, server.get("pgid"))
     if not targets:
         return {"already_stopped": True, "server": server or None, "terminated": [], "killed": [],

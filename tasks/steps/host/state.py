@@ -3,6 +3,7 @@
 import os
 import time
 
+from ...runtime.host import container
 from ...supervise.host import supervisor_state
 from ...transport.host.common import expand, read_exit, read_json, server_alive
 from ...release.host.release_dirs import FAILED_FILE, current_release, releases_sorted
@@ -29,10 +30,18 @@ def op_state(req):
            "current": current, "alive": False, "exit": None, "failed": last_failed(ddir, current)}
     if server:
         out["alive"] = server_alive(ddir, server)
+        if container.is_container(server):  # a restart by the engine brought server.json up to date
+            server = out["server"] = read_json(os.path.join(ddir, "server.json")) or server
         out["exit"] = read_exit(os.path.join(ddir, "releases", server["release"]), server["pid"])
         out["now"] = time.time()
         out["supervisor"] = supervisor_state.read(ddir, server)
         # the start's phases, kept by the deploy that waited for it (startup/host/phases.py)
         out["startup"] = read_json(os.path.join(ddir, "releases", server["release"], "startup.json"))
+        if container.is_container(server):  # the engine's word on it: status, exit code, restarts
+            out["container"] = st = container.state(server)
+            if out["exit"] is None and not out["alive"] and st["status"] in ("exited", "stopped", "dead"):
+                out["exit"] = {"returncode": container.returncode(st["exit_code"]),
+                               "ended_at": st.get("finished_at")}
+    out["runtime"] = (server or {}).get("runtime") or "process"
     return out
 

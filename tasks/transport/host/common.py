@@ -281,6 +281,9 @@ def server_alive(ddir, server):
     its pid to another process, which `fab stop` rightly leaves alone (procs.ours) and
     `fab status` must not call our server either. The one reader of "is it ours" for both."""
     pid = (server or {}).get("pid")
+    if server and server.get("container"):  # a container runtime: its engine says (and restarts it)
+        from ...runtime.host import container
+        return container.alive(ddir, server)
     if not pid or not pid_alive(pid):
         return False
     want = release_marker(ddir, server.get("release"))
