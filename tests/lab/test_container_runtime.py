@@ -205,7 +205,8 @@ def test_stop_of_a_server_and_child_that_ignore_sigterm_ends_after_the_grace(pod
     assert not any(alive(p) for p in pids)
     assert inspect(lab, pod, name)["State"]["ExitCode"] == 137
     assert 2 <= took < 20, took
-    assert "SIGKILL" in out.stderr or "killed" in out.stderr
+    print(out.stdout)
+    assert "SIGKILL" in out.stdout or "killed" in out.stdout, out.stdout
 
 
 def test_a_failed_start_is_explained_and_rollback_runs_the_previous_release_in_its_container(pod):
@@ -216,7 +217,8 @@ def test_a_failed_start_is_explained_and_rollback_runs_the_previous_release_in_i
     first = server(lab, name)["release"]
     bad = profile(lab, pod, name, 31304, env={"STANDIN_FAIL": "oom"})
     out = fab(lab, "deploy", "--no-restore", profile=bad, code=1, env={"LLMFAB_POD_SECRET": SECRET})
-    assert "CUDA out of memory" in out.stderr and "fix" in out.stderr, out.stderr
+    print(out.stdout)
+    assert "CUDA out of memory" in out.stdout and "fix" in out.stdout, out.stdout
     st, r = status(lab, bad)
     assert st["state"] == "failed" and st["container"]["status"] == "exited"
     run(lab, "rollback", "--release", first, profile=good)

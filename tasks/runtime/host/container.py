@@ -161,6 +161,14 @@ def _server_pid(init, deadline):
         time.sleep(0.01)
 
 
+def _pgid(pid):
+    """The server's process group (init puts it in its own): the preflight's "the port is ours"."""
+    try:
+        return os.getpgid(pid) if pid else None
+    except OSError:
+        return None
+
+
 def launch(here, argv, env, spec):
     """Start release directory `here` in its container; returns the server record (server.json),
     or {"error", "rule", "fix"} when the engine refused (launch.py reports it like a failed exec)."""
@@ -202,7 +210,7 @@ def launch(here, argv, env, spec):
     info = inspect(engine, name) or {}
     init = (info.get("State") or {}).get("Pid") or 0
     pid = _server_pid(init, time.monotonic() + FIND_SERVER_S) if init else 0
-    return {"pid": pid, "pgid": init or None, "started_at": started_at, "release": os.path.basename(here),
+    return {"pid": pid, "pgid": _pgid(pid), "started_at": started_at, "release": os.path.basename(here),
             "port": spec["port"], "runtime": engine, "container": name,
             "container_id": (info.get("Id") or out.strip())[:12], "init_pid": init}
 
@@ -242,7 +250,7 @@ def alive(ddir, server):
     init = st.get("Pid") or 0
     if init and init != server.get("init_pid"):
         pid = _server_pid(init, time.monotonic() + FIND_SERVER_S)
-        write_json(os.path.join(ddir, "server.json"), dict(server, pid=pid, pgid=init, init_pid=init))
+        write_json(os.path.join(ddir, "server.json"), dict(server, pid=pid, pgid=_pgid(pid), init_pid=init))
     return True
 
 
