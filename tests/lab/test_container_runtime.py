@@ -253,3 +253,19 @@ def test_check_fails_naming_a_missing_image_and_how_to_get_it(pod):
     said = flat(out.stdout + out.stderr)
     assert "image localhost/no-such-image is not on this host" in said
     assert "podman pull localhost/no-such-image" in said
+
+
+def test_kill_gpu_procs_ends_a_container_through_its_engine_so_it_is_not_restarted(pod):
+    lab, pod = pod
+    name = "pod-gpukill"
+    prof = profile(lab, pod, name, 31307, supervise={"restart": "always"})
+    run(lab, "deploy", profile=prof)
+    pids = container_pids(lab, pod, name)
+    out = run(lab, "kill-gpu-procs", "--grace", "2", profile=prof)
+    print(out.stdout)
+    assert not any(alive(p) for p in pids)
+    info = inspect(lab, pod, name)
+    # after a signal of ours the server's end would be podman's to answer: restart "always"
+    assert info["State"]["Status"] == "exited" and info["RestartCount"] == 0
+    st, r = status(lab, prof)
+    assert r.returncode == 1 and not st["running"]

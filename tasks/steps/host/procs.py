@@ -214,11 +214,22 @@ def mark_killed(pids, by):
             mark_stopped(ddir, server, by)
 
 
+def stop_containers(pids, grace):
+    """A container's processes go by its engine's stop: a signal of ours would read as a crash,
+    which the engine's restart policy answers with a new server (runtime/host/container.py)."""
+    for rdir in releases_of(pids):
+        ddir = os.path.dirname(os.path.dirname(rdir))
+        server = read_json(os.path.join(ddir, "server.json")) or {}
+        if container.is_container(server) and server.get("release") == os.path.basename(rdir):
+            container.stop(ddir, server, grace)
+
+
 def kill(targets, grace, by="fab kill-gpu-procs"):
     """SIGTERM each {pid, start}, wait up to grace s, SIGKILL the rest, wait for them to go."""
     t0 = time.monotonic()
     names = {str(t["pid"]): cmdline(t["pid"]) for t in targets}
     mark_killed([t["pid"] for t in targets], by)
+    stop_containers([t["pid"] for t in targets], grace)
     sent, gone, denied = [], [], []
     for t in targets:
         res = _signal_one(t["pid"], t.get("start"), signal.SIGTERM)
