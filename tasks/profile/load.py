@@ -20,7 +20,7 @@ from .types import Profile
 from .readers import Checker, describe
 from .checktable import read_check
 from .schema import build, supervise
-from .container import read_container
+from .container_table import read_container
 from .toml_text import dumps
 from ..weights.sources import read_weights
 
@@ -55,7 +55,7 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         check = read_check(ck, data)  # [check] accept (tasks/profile/checktable.py)
         supervision = supervise(ck, data)
         weights = read_weights(ck, data, _model_paths(server))
-        container = read_container(ck, data, server.runtime)  # [container] (tasks/profile/container.py)
+        container = read_container(ck, data, server.runtime)  # [container] (tasks/profile/container_table.py)
         # Saved in every release: make it stand alone (no extends, name explicit, files absolute).
         data.setdefault("target", {})["name"] = target.name
         if server.files:

@@ -131,7 +131,7 @@ class Profile:
     check: CheckCfg = CheckCfg()                 # [check] accept = [doctor rule ids]
     supervise: Supervise = Supervise()
     weights: tuple = ()                          # [weights]: WeightSource per model path (fab pull)
-    container: Optional[object] = None           # [container] (tasks/profile/container.py) for podman/docker
+    container: Optional[object] = None           # [container] (tasks/profile/container_table.py) for podman/docker
 
     @property
     def served_name(self):

@@ -10,7 +10,6 @@ import functools
 import json
 import os
 import signal
-import subprocess
 import time
 
 import pytest
