@@ -241,7 +241,14 @@ def state(server):
 
 def alive(ddir, server):
     """Does the container of server.json run? When the engine restarted it, server.json is
-    brought up to date with the new server's pid (status and the wait read it there)."""
+    brought up to date with the new server's pid (status and the wait read it there). While
+    the recorded server lives (its release's marker in its environment) the engine is not
+    asked: the wait polls this many times a second."""
+    from ...transport.host.common import proc_read, release_marker
+    pid = server.get("pid")
+    if pid and pid_alive(pid) and release_marker(ddir, server.get("release")) in \
+            (proc_read(pid, "environ") or b"").split(b"\0"):
+        return True
     info = inspect(server["runtime"], server["container"])
     st = (info or {}).get("State") or {}
     labels = ((info or {}).get("Config") or {}).get("Labels") or {}
