@@ -123,7 +123,17 @@ class Podman:
                         + list(args), **kw)
 
     def close(self):
-        """What the lab's processes left: mounts under the storage, then the files."""
+        """What the lab's processes left: mounts under the storage, its containers' (empty)
+        cgroups that cgroupfs leaves behind, then the files."""
+        ids = [p.name for p in (self.root / "storage" / "overlay-containers").glob("*") if p.is_dir()]
+        for cg in Path("/sys/fs/cgroup").glob("*/libpod_parent"):
+            for cid in ids:
+                for d in sorted(cg.glob("libpod-%s*" % cid), reverse=True):
+                    with contextlib.suppress(OSError):
+                        for sub in sorted(d.rglob("*"), reverse=True):
+                            if sub.is_dir():
+                                sub.rmdir()
+                        d.rmdir()
         mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
                   if line.split()[1].startswith(str(self.root))]
         for m in sorted(mounts, reverse=True):

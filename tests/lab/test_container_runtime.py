@@ -111,7 +111,7 @@ def test_deploy_status_bench_tail_log_and_stop_in_a_podman_container(pod):
     name = "pod-life"
     prof = profile(lab, pod, name, 31301)
     out = run(lab, "deploy", profile=prof)
-    assert "ready in" in out.stdout
+    assert "ready in" in out.stdout and SECRET not in out.stdout + out.stderr
     rec = server(lab, name)
     assert rec["runtime"] == "podman" and rec["container"] == "llmfab-" + name
     info = inspect(lab, pod, name)
