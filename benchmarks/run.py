@@ -20,8 +20,11 @@ BENCHMARKS = {
     "tune-hosts": ("tune_hosts", "fab tune over 1 host against the same sweep over 3"),
     "tune-slots": ("tune_slots", "fab tune --slots auto on 8 fake GPUs against --slots 1"),
     "pull-fanout": ("pull_fanout", "fab pull to 8 hosts against rsync from here, in turn and at once"),
+    "pull-small": ("pull_small", "fab pull of 5,000 small files against scp -r, one host"),
     "vllm-compare": ("vllm_bench_compare", "fab bench against vllm bench serve on one real server"),
+    "runtimes": ("runtimes", "runtime systemd against process on one host: deploy-to-ready, stop"),
     "bench-clients": ("bench_clients", "fab bench's client against vllm bench serve's, engine taken out"),
+    "endpoint-routers": ("endpoint_routers", "HAProxy, nginx+lua, vllm-router, LiteLLM in front of two servers vs direct"),
 }
 
 

@@ -278,15 +278,22 @@ class Engine:
         self.batch_cost = batch_cost
         self.running = 0
         self._word = 0
+        self.weights_lost = False
         self._lock = threading.Lock()
 
-    def _words(self, n):
-        with self._lock:
-            start = self._word
-            self._word += n
-        return "".join(" " + WORDS[(start + i) % len(WORDS)] for i in range(n))
+    def _words(self, n, at=None):
+        """n words: the next in the server's running sequence, or from word `at` (a greedy
+        request: the same prompt gives the same text, as temperature 0 does on a real engine).
+        With the weights gone (sleep level 2 then a wake) the text is empty, as vLLM's is."""
+        if self.weights_lost:
+            return ""
+        if at is None:
+            with self._lock:
+                at = self._word
+                self._word += n
+        return "".join(" " + WORDS[(at + i) % len(WORDS)] for i in range(n))
 
-    def generate(self, prompt_tokens, max_tokens):
+    def generate(self, prompt_tokens, max_tokens, greedy_key=None):
         """Yield chunks of text, one per decoding step; the first after a short prefill."""
         self.metrics.add(prompt=prompt_tokens, running=1)
         with self._lock:
@@ -294,6 +301,7 @@ class Engine:
         started = time.monotonic()
         first = True
         remaining = max(0, int(max_tokens))
+        at = None if greedy_key is None else sum(greedy_key.encode("utf-8", "replace")) % len(WORDS)
         try:
             time.sleep(0.002 + prompt_tokens / 50000.0)  # prefill
             while remaining > 0:
@@ -310,7 +318,9 @@ class Engine:
                 if first:
                     self.metrics.observe_ttft(time.monotonic() - started)
                     first = False
-                yield self._words(n), n
+                yield self._words(n, at), n
+                if at is not None:
+                    at += n
             self.metrics.add(finished=1)
         finally:
             with self._lock:
@@ -343,6 +353,11 @@ class ServerState:
         self.api_key = api_key
         self.version = version
         self.routes = dict(routes or {})
+        # POST endpoints beyond the completions: {path: callable(state, query) -> (status, body)}
+        self.post_routes = {}
+        # Cleared while the engine sleeps (vLLM's sleep mode): a completion waits, unanswered.
+        self.awake = threading.Event()
+        self.awake.set()
         self.access_log = access_log
         self.log_prefix = log_prefix
         self.healthy = True          # False: /health answers 503 (engine dead / starting)
@@ -420,6 +435,10 @@ def _make_handler(state):
             path = self.path.split("?", 1)[0]
             length = int(self.headers.get("content-length") or 0)
             data = self.rfile.read(length) if length else b""
+            if path in state.post_routes:
+                query = self.path.split("?", 1)[1] if "?" in self.path else ""
+                code, body = state.post_routes[path](state, query)
+                return self._send(code, body)
             if path not in ("/v1/completions", "/v1/chat/completions"):
                 return self._send(404, {"detail": "Not Found"})
             if not self._authorized():
@@ -442,7 +461,11 @@ def _make_handler(state):
                 return self._error(400, "max_tokens must be a non-negative integer",
                                    "BadRequestError")
             prompt_tokens = count_prompt_tokens(body)
-            steps = state.engine.generate(prompt_tokens, max_tokens)
+            state.awake.wait()  # a sleeping engine answers no completion until woken
+            greedy = body.get("temperature") == 0
+            steps = state.engine.generate(prompt_tokens, max_tokens,
+                                          json.dumps(body.get("messages", body.get("prompt")))
+                                          if greedy else None)
             rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
             if body.get("stream"):
                 usage = bool((body.get("stream_options") or {}).get("include_usage"))
@@ -568,9 +591,9 @@ def _parser():
                         help="simulated start-up time before the port opens (default %(default)s)")
     parser.add_argument("--tokens-per-s", type=float, default=200.0,
                         help="generation speed per request (default %(default)s)")
-    parser.add_argument("--num-speculative-tokens", type=int, default=4,
-                        help="simulated draft length; 0 turns speculative decoding off "
-                             "(default %(default)s)")
+    parser.add_argument("--num-speculative-tokens", type=int, default=0,
+                        help="simulated draft length; 0 (the default, as a real engine given no "
+                             "speculative flag) is no speculative decoding")
     parser.add_argument("--accept-rate", type=float, default=0.62,
                         help="simulated draft acceptance rate (default %(default)s)")
     parser.add_argument("--draft-cost", type=float, default=None,

@@ -15,5 +15,5 @@ from .fleet.executor import exit_2_on_bad_arguments  # noqa: E402
 from .output import quiet_on_closed_pipe  # noqa: E402
 
 ns = Collection.from_module(cli)
-exit_2_on_bad_arguments()
+exit_2_on_bad_arguments(collection=ns)
 quiet_on_closed_pipe()  # `fab --list | head -1`: no traceback (tasks/output.py)

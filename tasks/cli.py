@@ -16,6 +16,7 @@ from invoke.exceptions import Exit
 from invoke.parser import ParserContext
 
 from .errors import LlmfabError
+from .interrupts import early_words, exit_status
 
 CommandInfo = namedtuple("CommandInfo", "module function options summary")
 
@@ -54,6 +55,12 @@ COMMANDS = {
     "pull": CommandInfo(
         "weights.pull", "pull", "options.PullOptions",
         "Copy the [weights] sources onto every host, verified (size, sha256); hosts feed each other."),
+    "sleep": CommandInfo(
+        "endpoint.commands", "sleep", "options.ParkOptions",
+        "Park endpoint members: vLLM sleep mode level 1, GPU memory given back; a request wakes them."),
+    "wake": CommandInfo(
+        "endpoint.commands", "wake", "options.ParkOptions",
+        "Wake parked endpoint members; traffic returns once a known greedy completion matches."),
     "tune": CommandInfo(
         "tune.task", "tune", "tune.sweep_options.TuneOptions",
         "Deploy each speculative-decoding variant, bench it the same way, and name the fastest."),
@@ -131,18 +138,47 @@ def options_class(info):
     return getattr(importlib.import_module(f".{module}", __package__), name)
 
 
+# Tasks that, given an endpoint profile ([endpoint] members = [...]), run on its members and router.
+ENDPOINT_AWARE = ("deploy", "status", "stop", "tail-log", "bench", "sleep", "wake", "check",
+                  "releases", "rollback", "kill-gpu-procs", "targets", "tune", "pull")
+
+
 def _boundary(c, name, flags):
     """Parse `flags` into task `name`'s options record and run its body with them; any
     LlmfabError becomes `error: <message>` and its exit code."""
     info = COMMANDS[name]
     try:
         opts = options_class(info).from_flags(**flags)
+        if name in ENDPOINT_AWARE:  # an endpoint profile: its members and router (tasks/endpoint/)
+            from .endpoint.commands import dispatch
+            done = dispatch(c, name, opts)
+            if done is not None:
+                return done
         body = getattr(importlib.import_module(f".{info.module}", __package__), info.function)
         return body(c, opts)
-    except LlmfabError as e:
-        raise Exit(f"error: {e.message}" if e.message else None, code=int(e.code)) from None
-    except KeyboardInterrupt:  # Ctrl-C in a task body before any host (tasks/interrupts.py: after)
-        raise Exit("interrupted (Ctrl-C): nothing was done on any host", code=130) from None
+    except LlmfabError as e:  # a message may quote a server's text: made safe for a terminal;
+        # an interrupted run's 130 is 128 + the signal that ended it
+        from .output import terminal_lines
+        raise Exit(terminal_lines(f"error: {e.message}") if e.message else None,
+                   code=exit_status(int(e.code))) from None
+    except OSError as e:  # a local file that could not be written or read: its path, in words
+        words = file_error_words(e)
+        if words is None:
+            raise
+        raise Exit(f"error: {words}", code=1) from None
+    except KeyboardInterrupt:  # Ctrl-C (SIGTERM, SIGHUP) before any host (tasks/interrupts.py: after)
+        raise Exit(early_words(), code=exit_status()) from None
+
+
+def file_error_words(e):
+    """An OSError naming a file, in words (`could not write /x: read-only file system ...`);
+    None for one that names none (a bug, shown as one)."""
+    from .transport.host.safefile import UnsafeFile, failed
+    if isinstance(e, UnsafeFile):
+        return str(e)
+    if not e.filename:
+        return None
+    return str(failed(e.filename, e, "use"))
 
 
 @command(**{
@@ -184,9 +220,11 @@ def stop(c, profile=None, grace=None, json=False, parallel=None, accept_new_host
     "follow": "keep streaming new lines until Ctrl-C; survives dropped connections",
     "grep": "only lines matching this regular expression",
     "release": "read an older release's log (a stamp from `fab releases`)",
+    "raw": "write each line as the server wrote it (default: control characters such as "
+           "ESC are shown escaped, lines over 4096 characters cut)",
 })
-def tail_log(c, profile=None, lines=None, follow=False, grep=None, release=None, parallel=None,
-             accept_new_host_keys=False):
+def tail_log(c, profile=None, lines=None, follow=False, grep=None, release=None, raw=False,
+             parallel=None, accept_new_host_keys=False):
     return _boundary(c, "tail-log", locals())
 
 
@@ -246,6 +284,18 @@ def bench(c, profile=None, requests=None, concurrency=None, max_tokens=None, pro
     # Numbers default to None (not 32/4/128) so Invoke passes them as text and a bad value
     # such as `--requests abc` becomes a one-line error with exit 2, not a traceback.
     return _boundary(c, "bench", locals())
+
+
+@command(member="only this member (its target.name; default: every member)",
+         json="print one JSON object per host on stdout (human text goes to stderr)")
+def sleep(c, profile=None, member=None, json=False, parallel=None, accept_new_host_keys=False):
+    return _boundary(c, "sleep", locals())
+
+
+@command(member="only this member (its target.name; default: every member)",
+         json="print one JSON object per host on stdout (human text goes to stderr)")
+def wake(c, profile=None, member=None, json=False, parallel=None, accept_new_host_keys=False):
+    return _boundary(c, "wake", locals())
 
 
 @command(out="write it to this file, replaced in one rename (default: stdout)")

@@ -9,9 +9,9 @@ from .failures.failed_server import reporting_json
 from .fleet.fanout import HostResult
 from .steps.preflight import deploy_dir, exposure_checks, preflight_request, ray_port_checks, run_preflight
 from .runtime import CONTAINER_RUNTIMES, host_python
-from .runtime.container import container_files
 from .release.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
+from .runtime import release_files as runtime_files
 from .output import fab_hint
 from .steps.lock import locked
 
@@ -29,7 +29,7 @@ def release_files(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None):
     if secrets:
         files.append(("secrets.json", secrets, 0o600))
     files += supervisor_files(profile)  # before [files]: small, so always in new_release's request
-    files += container_files(profile)  # a container release's launch.py imports the host package
+    files += runtime_files(profile)  # runtime.json of a systemd unit or a container (tasks/runtime/)
     for path in profile.server.files:
         with open(path, "rb") as f:
             files.append((os.path.basename(path), f.read(), 0o700 if os.access(path, os.X_OK) else 0o600))
@@ -199,6 +199,10 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
         raise
     reporter.line(name, f"ready in {facts['seconds']:.1f} s: {profile.served_name or 'server'} "
                         f"on port {profile.server.port}")
+    # where it really listens: a server binding every address its profile does not name
+    from .steps.preflight import print_checks, seen_exposure
+    result.data["exposure"] = seen_exposure(profile, facts.get("listening"), checks)
+    print_checks(reporter, name, result.data["exposure"])
     result.summary = f"ready in {facts['seconds']:.1f} s ({server['release']})"
     result.data["ready_s"] = round(facts["seconds"], 3)
     rec, slower = estimate.record(host, profile, ddir, server, facts, version, reporter,
@@ -264,7 +268,7 @@ def dry_run_record(profile: Profile, host):
         if fname != "secrets.json":
             rec["sha256"] = hashlib.sha256(data).hexdigest()
         files.append(rec)
-    rec = {"host": host, "dry_run": True, "profile": str(profile.path),
+    rec = {"host": host, "ok": True, "dry_run": True, "profile": str(profile.path),
            "deploy_dir": deploy_dir(profile), "argv": server_argv(profile),
            "launcher": render_launcher(profile), "secrets": sorted(profile.secrets),
            "files": files}
@@ -278,16 +282,12 @@ def dry_run_record(profile: Profile, host):
 def _print_dry_run(c, profile, json_mode):
     import sys
     from .fleet.runner import hosts_for
+    from .output import json_text, terminal_lines, write_text
     if json_mode:
-        text = "".join(json.dumps(dry_run_record(profile, h), ensure_ascii=False) + "\n"
-                       for h in hosts_for(c, profile))
-    else:
-        text = "\n".join(dry_run_text(profile)) + "\n"
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `fab deploy --dry-run | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        text = "".join(json_text(dry_run_record(profile, h)) + "\n" for h in hosts_for(c, profile))
+    else:  # the profile's own words, shown as a terminal may show them
+        text = terminal_lines("\n".join(dry_run_text(profile))) + "\n"
+    write_text(sys.stdout, text)  # `fab deploy --dry-run | head`: the rest goes nowhere
 
 
 def deploy(c, opts):

@@ -24,7 +24,8 @@ EXIT_MEANINGS = {
     ExitCode.UNREACHABLE: "a host could not be reached or authenticated (an unknown host key "
                           "included)",
     ExitCode.INTERRUPTED: "interrupted (Ctrl-C); a server being waited on keeps running and "
-                          "the lock is released",
+                          "the lock is released. SIGTERM and SIGHUP end a task the same way, "
+                          "exit 143 and 129 (128 + the signal)",
 }
 
 

@@ -6,6 +6,11 @@ client waits for its answer too (`changing()`), and only then leaves: it can say
 each host is. A Ctrl-C while nothing changes leaves at once (reading, waiting for
 readiness). A second Ctrl-C leaves at once whatever runs; the words say what was in flight.
 
+SIGTERM and SIGHUP end a task exactly as Ctrl-C does (`kill`, a closed terminal, a CI job's
+timeout): the same deferral while a host is being changed, the same put-back and removal, the
+same last lines naming the signal, and exit 128 + its number (143, 129; Ctrl-C 130). A parent
+that ignores SIGHUP (`nohup fab deploy`) keeps it ignored.
+
 Tasks that change hosts keep one `Spot` per host (what ran before, the release being brought
 up, the step reached); `left_lines` turns them into the last lines of an interrupted run:
 per host, old release, new one, or stopped, and the command that restores it.
@@ -18,8 +23,61 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
-NOTE = ("\nCtrl-C: waiting for the step in flight on the host(s) (a stop or a launch) to finish, "
+NOTE = ("\n{what}: waiting for the step in flight on the host(s) (a stop or a launch) to finish, "
         "so each ends on a known release; Ctrl-C again to leave now\n")
+
+# The signals that end a task as Ctrl-C does, and how the last lines name each.
+ENDING = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM", signal.SIGHUP: "SIGHUP"}
+_RECEIVED = []  # SIGTERM / SIGHUP received by this process, in order
+
+
+def cause():
+    """The signal that ended this run: the first SIGTERM or SIGHUP received, else SIGINT."""
+    return _RECEIVED[0] if _RECEIVED else signal.SIGINT
+
+
+def words():
+    """`Ctrl-C`, `SIGTERM` or `SIGHUP`: for "interrupted (...)" lines."""
+    return ENDING[cause()]
+
+
+def exit_status(code=130):
+    """The process's exit status for an interrupted run's `code` (130): 128 + the signal
+    that ended it, as a shell reports a process that signal killed. Other codes unchanged."""
+    return 128 + int(cause()) if int(code) == 130 else int(code)
+
+
+def _quiet_if_hung_up():
+    """After a terminal hang-up, writing to it fails (EIO): stdout and stderr that were that
+    terminal go to /dev/null, so the put-back and removal still run to their end."""
+    import stat
+    for fd in (1, 2):
+        try:
+            if stat.S_ISCHR(os.fstat(fd).st_mode) and not os.isatty(fd):
+                null = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(null, fd)
+                os.close(null)
+        except OSError:
+            pass
+
+
+def _as_sigint(signum, frame):
+    """SIGTERM / SIGHUP: recorded, then handled by whatever handles SIGINT right now."""
+    _RECEIVED.append(signum)
+    if signum == signal.SIGHUP:
+        _quiet_if_hung_up()
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        return handler(signal.SIGINT, frame)
+    if handler != signal.SIG_IGN:
+        raise KeyboardInterrupt
+
+
+def _end_like_sigint():
+    """SIGTERM and SIGHUP take the SIGINT path from here on (a parent's SIG_IGN is kept)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, _as_sigint)
 
 
 class CtrlC:
@@ -37,7 +95,7 @@ class CtrlC:
         if again or not busy:
             raise KeyboardInterrupt
         try:
-            os.write(sys.stderr.fileno(), NOTE.encode())
+            os.write(sys.stderr.fileno(), NOTE.format(what=words()).encode())
         except (OSError, ValueError):
             pass
 
@@ -73,15 +131,20 @@ CTRL_C = CtrlC()
 # the installed `llmfab` (tasks/program.py).
 PROGRAMS = ("fab", "llmfab")
 PROGRAM_MODULES = ("fabric.__main__",)
-INTERRUPTED_EARLY = "interrupted (Ctrl-C): nothing was done on any host"
+INTERRUPTED_EARLY = "interrupted ({what}): nothing was done on any host"
+
+
+def early_words():
+    """The one line of a run interrupted before any host was touched."""
+    return INTERRUPTED_EARLY.format(what=words())
 
 
 def _early_handler(signum, frame):
     try:
-        os.write(sys.stderr.fileno(), ("\n" + INTERRUPTED_EARLY + "\n").encode())
+        os.write(sys.stderr.fileno(), ("\n" + early_words() + "\n").encode())
     except (OSError, ValueError):
         pass
-    os._exit(130)
+    os._exit(exit_status())
 
 
 def exit_130_until_a_task_runs():
@@ -97,6 +160,7 @@ def exit_130_until_a_task_runs():
             or getattr(spec, "name", None) in PROGRAM_MODULES):
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, _early_handler)
+            _end_like_sigint()
 
 
 def task_begins():

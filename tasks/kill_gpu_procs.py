@@ -2,13 +2,16 @@
 
 Selects `--gpus 0,1`, else `--all`, else the profile's devices (gpu.devices, else
 server.env CUDA_VISIBLE_DEVICES, else every GPU). On each host: list every process
-using them (nvidia-smi and /proc/*/fd, tasks/gpu/host/gpuprocs.py), SIGTERM them,
+using them (nvidia-smi and /proc/*/fd, tasks/gpu/host/gpuprocs.py), SIGTERM them (but a
+live server of another llmfab deployment: "left alone: another deployment NAME", unless
+`--all`),
 SIGKILL what is left after `--grace` (default 10 s), then wait until each GPU dropped
 by what its killed processes held (tasks/gpu/memory.py). `--dry-run` lists and signals
 nothing. Nothing to kill is success (exit 0).
 """
 
 from .fleet.runner import load, run_task
+from .steps.preflight import deploy_dir
 from .errors import ExitCode, LlmfabError, OperationFailed
 from .fleet.fanout import HostResult
 from .gpu.memory import gpu_lines, wait_freed
@@ -30,6 +33,10 @@ def process_rows(procs):
     rows = []
     for p in procs:
         note = f" [left alone: {p['spared']}]" if p["spared"] else ""
+        own = p.get("owner")
+        if not p["spared"] and own and not own["ours"]:
+            note = f" [{'' if own['live'] else 'orphan of '}another deployment {own['deployment']}, " \
+                   f"release {own['release']}]"
         for g in p["gpus"]:
             mib = "?" if g["used_mib"] is None else g["used_mib"]
             rows.append([p["pid"], p["user"], g["index"], mib, p["source"], p["command"][:100] + note])
@@ -47,7 +54,9 @@ def kill_gpu_procs(c, opts):
     def op(host, reporter):
         name = host.name
         host.start()
-        s = host.call("gpu_procs", nvidia_smi=nvidia_smi, devices=devices, timeout=60)
+        # whose each process is: a live server of another deployment is left alone unless --all
+        s = host.call("gpu_procs", nvidia_smi=nvidia_smi, devices=devices, deploy_dir=deploy_dir(profile),
+                      neighbours=bool(opts.all), timeout=60)
         record = {"dry_run": bool(opts.dry_run), "devices": devices,
                   "gpus_before": s["gpus"], "processes": s["procs"], "foreign": s["foreign"],
                   "killed": [], "gpus_after": None, "freed_mib": None}

@@ -55,6 +55,17 @@ def whole(key, value, minimum, default=None):
     return n
 
 
+def no_empty(flags):
+    """An empty value is never "not given": `--profile "$P"` with P unset would otherwise run
+    on the default profile's hosts. UsageError naming the first flag given an empty value
+    (a list flag: any empty item)."""
+    for key, value in flags.items():
+        items = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, str) and not v.strip() for v in items):
+            raise UsageError(f"{_flag(key)} was given an empty value; give one, or leave the flag "
+                             "out for its default (nothing was done)")
+
+
 def gpu_list(text):
     """'0,1' -> (0, 1)."""
     parts = [p.strip() for p in str(text).split(",")]
@@ -117,6 +128,7 @@ class Common:
         """The validated options of one task from Invoke's keyword arguments."""
         flags = dict(flags)
         flags.pop("c", None)
+        no_empty(flags)
         flags["parallel"] = whole("parallel", flags.get("parallel"), 1, 32)
         flags["accept_new_host_keys"] = bool(flags.get("accept_new_host_keys"))
         names = {f.name for f in dataclasses.fields(cls)}
@@ -195,6 +207,7 @@ class TailLogOptions(Common):
     follow: bool = False
     grep: Optional[str] = None
     release: Optional[str] = None
+    raw: bool = False
 
     @staticmethod
     def convert(flags):
@@ -262,6 +275,12 @@ class KillGpuProcsOptions(Common):
         grace = seconds("grace", flags.get("grace"))
         flags["grace"] = KILL_GPU_GRACE_S if grace is None else grace
         return flags
+
+
+@dataclasses.dataclass(frozen=True)
+class ParkOptions(Common):
+    member: Optional[str] = None  # one endpoint member (its target.name); None: every member
+    json: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

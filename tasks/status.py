@@ -6,11 +6,15 @@
 `Status`: the JSON record of `fab status --json` (docs/reference/cli.md) (`host, running, pid, release, port, health,
 served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
 `cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
-`ready_s`, as its deploy recorded them; from /metrics also `requests_running,
+`ready_s`, as its deploy recorded them; `exposure`: the WARN checks `{status, check, message,
+address, port}` of a running server whose own listening socket on its port is bound to every
+address (0.0.0.0, ::) where no API key covers it, whatever the profile says; from /metrics also `requests_running,
 requests_waiting, kv_cache_usage` (0..1), null where the engine does not say), `gpu_holders`
-[{pid, name, gpu, mib, ours}]: every process with memory on the profile's GPUs, `ours` when it
-carries this deployment's release marker (with no server running, such a one is named in the
-text with the `fab kill-gpu-procs` that frees it), and the lines
+[{pid, name, gpu, mib, ours, deployment, release}]: every process with memory on the profile's
+GPUs, `ours` when it is one of this deployment's (steps/host/identity.py; with no server
+running such a one is named in the text with the `fab kill-gpu-procs` that frees it), else
+the other llmfab deployment it belongs to or none, one line each; `identity` (what makes a
+process this deployment's: "cgroup", "session", or "marker" for an older release), and the lines
 only a human reads. `render(status)` turns it into text and
 `verdict(status)` into the host's result: no host is needed to test either.
 Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
@@ -22,6 +26,8 @@ from .errors import ExitCode
 from .transport.host.common import exit_words
 from .fleet.fanout import HostResult
 from .output import Block, fab_hint, indented
+from .gpu.memory import other_holder_lines
+from . import runtime as runtime_status
 
 
 @dataclass
@@ -35,6 +41,7 @@ class Status:
     source: str = None                                 # the failure rule that said so
     supervisor_lines: list = field(default_factory=list)
     holder_lines: list = field(default_factory=list)   # our processes holding GPU memory, no server
+    exposure: list = field(default_factory=list)       # WARN checks: where it listens on every address
 
     @property
     def healthy(self):
@@ -73,32 +80,37 @@ def gather(host, profile, ddir):
               "requests_running": None, "requests_waiting": None, "kv_cache_usage": None,
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
               "state": "running" if alive else "not-deployed", "last_failed": st.get("failed"),
-              "deployed": bool(server), "runtime": st.get("runtime") or "process"}
-    if st.get("container"):  # a container runtime: the engine's word (tasks/runtime/host/container.py)
-        record["container"] = {k: st["container"].get(k) for k in ("name", "id", "status", "exit_code", "restarts")}
+              "deployed": bool(server), "exposure": []}
+    record.update(runtime_status.status_fields(st))  # runtime, unit / container (tasks/runtime/)
     started = st.get("startup") or {}  # the release's start, as deploy recorded it
     record.update(startup=started.get("phases"), compile_cache=started.get("compile_cache"),
                   ready_s=started.get("ready_s"))
     out = Status(record)
-    # the GPUs' memory, and who holds it (ours: carries this deployment's release marker,
-    # gpu/host/gpuprocs.py), in one round trip
+    # the GPUs' memory, and who holds it (ours: one of this deployment's processes,
+    # steps/host/identity.py; else another deployment's or nobody's), in one round trip
     smi = dict(nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
     gpus, holders = host.batch([("gpus", smi), ("gpu_holders", dict(smi, deploy_dir=ddir))])
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
                       for g in (gpus["gpus"] or [])] or None
     held = holders["holders"]
-    record["gpu_holders"] = [{k: h[k] for k in ("pid", "name", "gpu", "mib", "ours")} for h in held]
+    record["gpu_holders"] = [{k: h.get(k) for k in ("pid", "name", "gpu", "mib", "ours", "deployment", "release")}
+                             for h in held]
+    record["identity"] = (server.get("identity") or "marker") if server else None
     if not alive:  # an engine child that outlived its server keeps the GPU from the next start
         out.holder_lines = [f"GPU {h['gpu']}: pid {h['pid']} ({h['name']}) of release {h['release']} holds "
-                            f"{h['mib']} MiB; `{fab_hint(profile, 'kill-gpu-procs')}` frees it"
-                            for h in held if h["ours"]]
+                            f"{h['mib']} MiB with no server running; `{fab_hint(profile, 'kill-gpu-procs')}` "
+                            "frees it" for h in held if h["ours"]]
+    # always: who else holds memory on this deployment's GPUs (another deployment, or not ours)
+    out.holder_lines += other_holder_lines(held)
     if alive:
         poll = host.call("poll", deploy_dir=ddir, release=server["release"], pid=server["pid"],
                          port=server["port"], host=profile.server.host,
                          health_path=profile.ready.health_path,
                          models_path=profile.ready.models_path, api_key=profile.api_key,
-                         log_offset=1 << 62)
+                         log_offset=1 << 62, listeners=True)
         record["health"] = poll["health"]
+        from .steps.preflight import seen_exposure  # from its sockets, whatever the profile says
+        out.exposure = record["exposure"] = seen_exposure(profile, poll.get("listening"))
         models = poll.get("models") or []
         record["served_name"] = models[0] if len(models) == 1 else (models or None)
     if alive and record["health"] == 200:
@@ -179,22 +191,23 @@ def render(status):
         between = (r.get("supervisor") or {}).get("state")
         if between in ("backoff", "waiting-for-gpu"):
             how = f"is down; the supervisor restarts it ({between})"
+        elif runtime_status.restarting(r):
+            how = f"is down; systemd restarts it ({r['unit']['SubState']})"
         # why it ended, and the fix, wrapped under the headline (tasks/output.py Block)
         lines = [Block(f"not running: release {r['release']} {how}",
                        (("why", status.why), ("fix", status.fix), ("source", status.source)))]
     else:
         lines = ["not deployed"]
-    c = r.get("container")
-    if c:
-        lines.append(f"  container {c['name']} ({r['runtime']}): {c['status']}, exit code {c['exit_code']}, "
-                     f"restarts {c['restarts']}")
     from .startup.estimate import summary
     if r["running"] and summary(r):
         lines.append("  " + summary(r) + f" (ready in {r['ready_s']:.1f} s)")
+    from .steps.preflight import check_block
+    lines += [indented(check_block(c), 2) for c in status.exposure]
     lines += [f"  GPU {g['index']}: {g['used_mib']} / {g['total_mib']} MiB" for g in r["gpus"] or []]
     lines += [indented(t, 2) for t in status.holder_lines]
     lines += [indented(t, 2) for t in status.metric_lines]
     lines += [indented(t, 2) for t in status.supervisor_lines]
+    lines += [indented(t, 2) for t in runtime_status.status_lines(r)]
     return lines + list(status.cluster_lines)
 
 

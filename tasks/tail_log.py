@@ -12,8 +12,18 @@ printed, so when the connection drops llmfab reconnects (tenacity, bounded) and
 asks again from the same offset: no line is lost or shown twice. Bytes are put into
 lines here (tasks/log_lines.py): a partial line waits for its end, and only complete
 lines are decoded, invalid UTF-8 becoming U+FFFD. Fatal lines (tasks/failures/logscan.py)
-are shown in red, on a terminal only. With several hosts each line carries its host.
-Ctrl-C ends a follow with exit 0: stopping to watch is success, not an interruption.
+are shown in red, on a terminal only (not with NO_COLOR or TERM=dumb). With several hosts each
+line carries its host.
+
+A log holds what the server wrote, and a server may write anything: every line is shown with
+its control characters escaped (`\x1b[31m` is printed as those 8 characters, so no colour,
+window title, clipboard write or hyperlink reaches the terminal) and cut after 4,096
+characters (tasks/output.py terminal_text), whether stdout is a terminal or a pipe: a pipe
+often ends in a terminal (`| less -R`, `| tail`), and one rule is easier to trust. `--raw`
+writes each line as the server wrote it (invalid UTF-8 still becomes U+FFFD), for a file or
+a tool that wants the bytes.
+Ctrl-C ends a follow with exit 0: stopping to watch is success, not an interruption; SIGTERM
+or SIGHUP (a `kill`, a closed terminal) end it the same way with 143 or 129.
 """
 import base64
 import os
@@ -23,14 +33,14 @@ import threading
 from tenacity import (Retrying, retry_if_exception_type, stop_after_delay, stop_when_event_set,
                       wait_exponential)
 
-from .errors import ExitCode, HostUnreachable, OperationFailed, UsageError
+from .errors import ExitCode, HostUnreachable, Interrupted, OperationFailed, UsageError
 from .fleet.fanout import HostResult
 from .log_lines import LineAssembler, is_fatal
 from .transport.agent import AgentError, ConnectionLost
 
 FOLLOW_WAIT_S = 1.0            # how long one read blocks on the host waiting for growth
 RECONNECT_BUDGET_S = 120       # give up following after this long without a connection
-RED, RESET = "\x1b[31m", "\x1b[0m"
+RED = "31"  # SGR code of fatal lines (tasks/output.py adds it where colours may be written)
 
 
 class Printer:
@@ -39,20 +49,18 @@ class Printer:
     When the reader goes away (`fab tail-log -f | head`), following stops quietly.
     """
 
-    def __init__(self, reporter, host, multi, stop, rx=None):
+    def __init__(self, reporter, host, multi, stop, rx=None, raw=False):
         self.reporter, self.label, self.rx = reporter, host if multi else "", rx
-        self.host, self.stop = host, stop
-        self.color = reporter.stream.isatty()
+        self.host, self.stop, self.raw = host, stop, raw
         self.count = 0
 
     def show(self, lines):
         for line in lines:
             if self.rx is not None and not self.rx.search(line):
                 continue
-            if self.color and is_fatal(line):
-                line = f"{RED}{line}{RESET}"
+            color = RED if not self.raw and is_fatal(line) else None
             try:
-                self.reporter.line(self.label, line)
+                self.reporter.line(self.label, line, raw=self.raw, color=color)
             except BrokenPipeError:
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 self.stop.set()
@@ -61,8 +69,8 @@ class Printer:
 
     def note(self, text):
         """Out-of-band notes go to stderr, so stdout carries only the log."""
-        sys.stderr.write(f"[{self.host}] {text}\n")
-        sys.stderr.flush()
+        from .output import terminal_lines, write_text
+        write_text(sys.stderr, terminal_lines(f"[{self.host}] {text}") + "\n")
 
 
 def _no_release(e):
@@ -115,7 +123,7 @@ def follow(host, ddir, release, offset, stop, printer, asm):
 def tail_host(host, reporter, ddir, opts, stop, multi):
     lines, rx, release = opts.lines, opts.regex, opts.release
     host.start()
-    printer = Printer(reporter, host.name, multi, stop)
+    printer = Printer(reporter, host.name, multi, stop, raw=opts.raw)
     try:
         r = host.call("log_tail", deploy_dir=ddir, release=release, lines=lines,
                       grep=opts.grep, timeout=120)
@@ -176,13 +184,18 @@ def tail_log(c, opts):
     try:
         while not done.wait(0.25):  # (an interrupted Thread.join can misreport is_alive)
             pass
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: exit 0; SIGTERM, SIGHUP: 128 + n (tasks/interrupts.py)
+        import signal
+        from .interrupts import cause, exit_status
         stop.set()
         finished = done.wait(FOLLOW_WAIT_S + 2)
         sys.stdout.flush()
         sys.stderr.flush()
+        code = ExitCode.OK if cause() == signal.SIGINT else exit_status()
         if not finished:  # stuck reconnecting: nothing on the host needs us
-            os._exit(ExitCode.OK)
+            os._exit(code)
+        if code:
+            raise Interrupted()
         return
     if "error" in box:
         raise box["error"]

@@ -100,6 +100,10 @@ while True:  # PID 1 of a PID namespace must reap orphans
 '''
 
 
+def _systemdhost():
+    return _load("llmfab_lab_systemdhost", _HERE / "systemdhost.py")
+
+
 def _standins():
     return _load("llmfab_lab_standins", _HERE / "standins" / "__init__.py")
 
@@ -315,8 +319,9 @@ class HostLab:
           podman's configuration is (tests/podmanlab.py).
     """
 
-    def __init__(self, n_hosts, *, pidns=(), root=None, gpus=2, sshd_env=None):
-        problems = missing_prerequisites()
+    def __init__(self, n_hosts, *, pidns=(), root=None, gpus=2, systemd=(), sshd_env=None):
+        problems = missing_prerequisites() + ([_systemdhost().missing()] if systemd else [])
+        problems = [p for p in problems if p]
         if problems:
             raise LabUnavailable("the SSH test lab cannot run here: " + "; ".join(problems))
         if not 1 <= n_hosts <= 200:
@@ -334,10 +339,11 @@ class HostLab:
         self._ml_env = None
         self._gpus = gpus
         self._sshd_env = dict(sshd_env or {})
+        self._systemd = {}  # alias -> systemdhost.SystemdHost (hosts whose PID 1 is systemd)
         self.slot = self._take_slot(root)
         atexit.register(self.close)
         try:
-            self._start(n_hosts, set(pidns))
+            self._start(n_hosts, set(pidns), set(systemd))
         except BaseException:
             self.close()
             raise
@@ -371,6 +377,11 @@ class HostLab:
         self._ensure_dev_nodes(count)
         return _fakegpu.write_gpus(str(self.fakegpu_dir(alias)), count,
                                    uuid_seed="%d-%s" % (self.slot, alias), **kw)
+
+    def systemd(self, alias):
+        """The systemd-nspawn container of a systemd host (tests/systemdhost.py): poweroff(),
+        boot(), exec(argv)."""
+        return self._systemd[alias]
 
     def sshd_pid(self, alias):
         return self._hosts[alias].sshd_pid
@@ -482,6 +493,11 @@ class HostLab:
                 with contextlib.suppress(OSError):
                     c.close()
         errors = []
+        for box in self._systemd.values():
+            try:
+                box.close()
+            except Exception as exc:  # keep cleaning the rest
+                errors.append(exc)
         for host in self._hosts.values():
             try:
                 # Spare `unshare --fork` at first: it reaps the holder, then exits, and we
@@ -536,7 +552,7 @@ class HostLab:
                 return slot
         raise RuntimeError("no free lab slot under %s (%d in use)" % (RUN_DIR, MAX_SLOTS))
 
-    def _start(self, n_hosts, pidns):
+    def _start(self, n_hosts, pidns, systemd=()):
         self.gateway = "%s.%d.1" % (NET, self.slot)
         self.unreachable_ip = "%s.%d.250" % (NET, self.slot)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -563,12 +579,18 @@ class HostLab:
             host.host_key_pub = (host.etc / "ssh_host_ed25519_key.pub").read_text().split()[:2]
             self._write_sshd_config(host)
         self._ensure_dev_nodes(self._gpus)
-        for host in self._hosts.values():
+        plain = [h for h in self._hosts.values() if h.index not in systemd]
+        for host in plain:
             self._start_holder(host)
-        for host in self._hosts.values():
+        for host in plain:
             self._wait_holder(host)
             self._start_sshd(host)
         for host in self._hosts.values():
+            if host.index in systemd:  # systemd-nspawn with sshd inside (tests/systemdhost.py)
+                self._systemd[host.alias] = _systemdhost().SystemdHost(self, host)
+                self._systemd[host.alias].prepare()
+                self._systemd[host.alias].boot()
+        for host in plain:
             self._wait_ssh_port(host)
         self._start_silent()
         self._write_client_files()

@@ -105,7 +105,9 @@ def explain_dead(host, profile, ddir, server, exit=None, lines=400):
     except AgentError:
         return None
     scanner = LogScanner()
-    scanner.feed(base64.b64decode(tail["data"]).decode("utf-8", "replace"), final=True)
+    # the server is gone: a last line without its newline (`partial`) is its last word
+    text = base64.b64decode(tail["data"]) + base64.b64decode(tail.get("partial") or "")
+    scanner.feed(text.decode("utf-8", "replace"), final=True)
     ex = explain(scanner, host_readings(host, profile, server, exit))
     code = (exit or {}).get("returncode")
     if ex.rule == "exited" and (code in (None, 0, -15) or (code == -9 and "OOM killer" not in ex.cause)):

@@ -24,6 +24,7 @@ import threading
 
 from ..transport.agent import ConnectionLost
 from ..errors import ExitCode, LlmfabError, UsageError
+from ..interrupts import words
 from .fanout import HostResult, run_all, worst
 from ..output import report_error
 
@@ -127,7 +128,7 @@ class DeferredCtrlC:
     The note goes straight to the stream's file descriptor: the handler may run while the
     main thread holds the reporter's lock."""
 
-    NOTE = ("\nCtrl-C: the roll stops when the batch in flight is done (each of its hosts "
+    NOTE = ("\n{what}: the roll stops when the batch in flight is done (each of its hosts "
             "ends ready or back); Ctrl-C again to leave now (servers launched keep running)\n")
 
     def __init__(self, stream):
@@ -139,7 +140,7 @@ class DeferredCtrlC:
             raise KeyboardInterrupt
         self.pressed = True
         try:
-            os.write(self.stream.fileno(), self.NOTE.encode())
+            os.write(self.stream.fileno(), self.NOTE.format(what=words()).encode())
         except (OSError, ValueError, AttributeError):
             pass
 
@@ -172,7 +173,7 @@ def roll(hosts, size, step, *, ddir, reporter, host_kwargs, parallel, json_mode=
                 stopped_by = f"the roll stopped at {', '.join(bad)} (batch {i} of {len(groups)})"
                 break
             if ctrl_c.pressed and i < len(groups):
-                stopped_by = f"the roll was interrupted (Ctrl-C) after batch {i} of {len(groups)}"
+                stopped_by = f"the roll was interrupted ({words()}) after batch {i} of {len(groups)}"
                 break
         interrupted = ctrl_c.pressed and stopped_by is not None and not any(r.code for r in done)
     rest = hosts[len(done):]
@@ -212,7 +213,8 @@ def deploy_rolling(c, profile, opts, size, *, deploy_one, rollback_one, on_inter
     from ..steps.preflight import deploy_dir
     from ..errors import Interrupted, TaskFailed
     from ..output import Reporter
-    from .runner import INTERRUPT_NOTE, host_kwargs, hosts_for
+    from .runner import host_kwargs, hosts_for, interrupt_note
+    from ..interrupts import exit_status
     from ..steps.shutdown import stop_deployment
     hosts, ddir = hosts_for(c, profile), deploy_dir(profile)
     label = None
@@ -232,12 +234,12 @@ def deploy_rolling(c, profile, opts, size, *, deploy_one, rollback_one, on_inter
                                     parallel=min(opts.parallel, size), json_mode=opts.json,
                                     label=label)
     except KeyboardInterrupt:  # the second Ctrl-C: leave now, as `fab deploy` does
-        reporter.line("", INTERRUPT_NOTE)
+        reporter.line("", interrupt_note())
         for host, text in on_interrupt():  # the last lines: where each host is
             reporter.line(host, text)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(ExitCode.INTERRUPTED)  # worker threads cannot be interrupted; sockets close with us
+        os._exit(exit_status())  # worker threads cannot be interrupted; sockets close with us
     if interrupted:
         raise Interrupted()
     code = worst(r.code for r in results)

@@ -9,10 +9,12 @@ codes in one place only: the boundary in tasks/cli.py.
 import os
 import sys
 
-from ..errors import ExitCode, Interrupted, TaskFailed
+from ..errors import Interrupted, TaskFailed
 from ..runtime import host_python
 
-INTERRUPT_NOTE = "interrupted (Ctrl-C): nothing more was done on any host"
+def interrupt_note():
+    from ..interrupts import words
+    return f"interrupted ({words()}): nothing more was done on any host"
 
 
 def load(c, profile_arg, *, launching=False):
@@ -55,7 +57,7 @@ def run_hosts(c, profile, op, opts, reporter, *, hosts, python=None, on_interrup
     import signal
     import threading
     from .fanout import run_all
-    from ..interrupts import CTRL_C
+    from ..interrupts import CTRL_C, exit_status
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, CTRL_C.handler) if main else None
     try:
@@ -63,13 +65,13 @@ def run_hosts(c, profile, op, opts, reporter, *, hosts, python=None, on_interrup
                        reporter=reporter, host_kwargs=host_kwargs(c, profile, opts, python))
     except KeyboardInterrupt:
         CTRL_C.settle(_wait_until)
-        reporter.line("", INTERRUPT_NOTE)
+        reporter.line("", interrupt_note())
         for host, text in (on_interrupt() if on_interrupt else ()):
             reporter.line(host, text)
         if len(hosts) > 1:
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(ExitCode.INTERRUPTED)  # worker threads cannot be interrupted; sockets close with us
+            os._exit(exit_status())  # worker threads cannot be interrupted; sockets close with us
         raise Interrupted() from None
     finally:
         if previous is not None:

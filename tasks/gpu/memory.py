@@ -71,6 +71,61 @@ def wait_freed(host, *, nvidia_smi, limits, timeout=FREE_TIMEOUT_S, sleep=None, 
             details=holders(survey) or ["no process visible from this host holds them"]) from None
 
 
+def wait_own_freed(host, ddir, *, nvidia_smi, devices, pids, unlisted_limits, timeout=FREE_TIMEOUT_S,
+                   sleep=None):
+    """Poll until no process of deployment `ddir` (and none of `pids`, the ones just stopped)
+    holds memory on the GPUs, per nvidia-smi's process list (the `gpu_holders` op), and no GPU
+    uses more unlisted memory (nvsmi.unlisted: a dead process the driver still frees) than
+    `unlisted_limits` allows. Another deployment's memory changes nothing. Returns the last
+    answer {holders, gpus}; raises OperationFailed naming what still holds."""
+    from .host.nvsmi import unlisted, unlisted_over
+
+    def tick():
+        found = host.call("gpu_holders", deploy_dir=ddir, nvidia_smi=nvidia_smi, devices=devices, timeout=60)
+        left = [h for h in found["holders"] if h["ours"] or h["pid"] in pids]
+        over = unlisted_over(unlisted(found["gpus"], found["holders"]), unlisted_limits)
+        if left or over:
+            raise NotFreedYet(left + [{"gpu": i, "unlisted": m} for i, m in over])
+        return found
+
+    kw = {"sleep": sleep} if sleep is not None else {}
+    try:
+        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+        for attempt in Retrying(retry=retry_if_exception_type(NotFreedYet), stop=stop_after_delay(timeout),
+                                wait=wait_fixed(POLL_S), reraise=True, **kw):
+            with attempt:
+                return tick()
+    except NotFreedYet as e:
+        raise OperationFailed(
+            f"GPU memory of the stopped deployment not freed after {timeout:.0f} s: "
+            + "; ".join(f"pid {h['pid']} ({h['name']}) still holds {h['mib']} MiB on GPU {h['gpu']}"
+                        if "pid" in h else
+                        f"GPU {h['gpu']} holds {h['unlisted']} MiB that no process is listed for "
+                        f"(limit {unlisted_limits[h['gpu']]} MiB)" for h in e.over)
+            + "; free it with `fab kill-gpu-procs`") from None
+
+
+def holder_words(h):
+    """Whose a GPU holder is: `another deployment NAME, release R`, or `not an llmfab deployment`."""
+    if h.get("deployment"):
+        return f"another deployment {h['deployment']}, release {h['release']}"
+    return "not an llmfab deployment"
+
+
+def other_holder_lines(holders, seen_before=None):
+    """One line per holder of the GPUs that is not this deployment's; one nobody owns that was
+    not there before (seen_before: {(pid, gpu)}, None: not known) is a warning, never a failure."""
+    out = []
+    for h in holders:
+        if h["ours"]:
+            continue
+        text = f"GPU {h['gpu']}: pid {h['pid']} ({h['name']}) holds {h['mib']} MiB: {holder_words(h)}"
+        if seen_before is not None and not h.get("deployment") and (h["pid"], h["gpu"]) not in seen_before:
+            text = "WARN " + text + " (appeared during the stop)"
+        out.append(text)
+    return out
+
+
 def gpu_lines(before, after, baseline=None):
     """Per GPU: 'GPU 0: 8123 -> 3 MiB (baseline 0 MiB)' from readings keyed by index."""
     out = []

@@ -20,6 +20,7 @@ from .types import Profile
 from .readers import Checker, describe
 from .checktable import read_check
 from .schema import build, supervise
+from .systemd_table import read_systemd
 from .container_table import read_container
 from .toml_text import dumps
 from ..weights.sources import read_weights
@@ -54,6 +55,7 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         target, server, ready, gpu, cluster = build(ck, data, Path(top).stem)
         check = read_check(ck, data)  # [check] accept (tasks/profile/checktable.py)
         supervision = supervise(ck, data)
+        systemd = read_systemd(ck, data, server.runtime)  # [systemd] (tasks/profile/systemd_table.py)
         weights = read_weights(ck, data, _model_paths(server))
         container = read_container(ck, data, server.runtime)  # [container] (tasks/profile/container_table.py)
         # Saved in every release: make it stand alone (no extends, name explicit, files absolute).
@@ -63,12 +65,14 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         resolved = dumps(data)
     except RecursionError:
         raise ProfileError(top, None, "the profile is nested too deeply") from None
+    # The path as given (made absolute, links NOT resolved): `extends` is found beside it, so
+    # the file named in every message and hint is the one whose neighbours were read.
     return Profile(
-        path=Path(top).resolve(), target=target, server=server, ready=ready, gpu=gpu,
+        path=Path(os.path.abspath(top)), target=target, server=server, ready=ready, gpu=gpu,
         cluster=cluster, resolved_toml=resolved,
         digest=hashlib.sha256(resolved.encode("utf-8")).hexdigest(),
         sources=tuple(Path(f).resolve() for f in chain), check=check,
-        supervise=supervision, weights=weights, container=container,
+        supervise=supervision, weights=weights, systemd=systemd, container=container,
     )
 
 
@@ -160,6 +164,10 @@ def resolve_profile_path(arg=None, config_value=None, *, cwd=None):
     if not chosen:
         return find_default_profile(cwd=cwd)
     full = Path(cwd or os.getcwd()) / chosen
+    if full.is_dir():
+        where = "--profile" if arg else "llmfab.profile"
+        raise ProfileError(chosen, None, f"is a directory, not a profile (given by {where}); "
+                                         "name a .toml file in it")
     if not full.is_file():
         where = "--profile" if arg else "llmfab.profile"
         raise ProfileError(chosen, None, f"profile not found (given by {where}); {PROFILE_HINT}")

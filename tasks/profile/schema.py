@@ -6,13 +6,12 @@ objects (see tasks/profile/types.py) or raises ProfileError naming file, key and
 import os
 import re
 
-from .types import ENGINES, RESTART_POLICIES, Cluster, Gpu, Ready, Server, Supervise, Target
+from .types import ENGINES, RESTART_POLICIES, RUNTIMES, Cluster, Gpu, Ready, Server, Supervise, Target
 from .args import read_args, read_env
 from ..release.host.release_dirs import KEEP_RELEASES
 from .serverenv import VLLM_INT_FLAGS, vllm_flag
 from .readers import REQUIRED, no_nul_or_dates
 from .keys import Key, table
-from ..runtime import DEFAULT_RUNTIME, RUNTIMES
 
 TOP_KEYS = table(
     "",
@@ -29,6 +28,7 @@ TOP_KEYS = table(
     Key("supervise", "table", "{}", "restarts on the host: [supervise] below"),
     Key("container", "table", "none", "the image and mounts of runtime = \"podman\" or \"docker\": "
         "[container] below"),
+    Key("systemd", "table", "none", 'the unit of a [server] runtime = "systemd" server: [systemd] below'),
     Key("weights", "table", "{}",
         "where `fab pull` gets each model directory from: model path on the host = "
         "\"hf://ORG/NAME@REV\" or \"local:/dir/on/this/machine\" (tasks/weights/sources.py)"),
@@ -82,7 +82,8 @@ SERVER_KEYS = table(
         "host, port, served-model-name, api-key and speculative-config (the doctor)"),
     Key("runtime", '"process", "systemd", "podman" or "docker"', '"process"',
         "what runs the server on the host: llmfab's own launcher (a detached process group), a "
-        "systemd unit, or a container of podman or docker ([container]); docs/runtimes.md"),
+        "systemd unit per deployment ([systemd]), or a podman or docker container ([container]); "
+        "docs/runtimes.md"),
     Key("env", "table", "{}",
         "the server's environment: strings, numbers, booleans (\"1\"/\"0\"), or "
         "{ from_env = \"NAME\" }, a secret read from your environment into a 0600 file on the "
@@ -149,7 +150,8 @@ HOST_PATTERN = r"[^\s\x00-\x1f\x7f-][^\s\x00-\x1f\x7f]*"
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Names the release directory already uses for its own files.
 RESERVED_FILES = frozenset({"launch.py", "argv.json", "profile.toml", "server.log", "secrets.json",
-                            "supervise.py", "supervise_rules.json", "llmfab_host"})
+                            "supervise.py", "supervise_rules.json", "llmfab_host", "runtime.json",
+                            "server.env"})
 
 
 def build(ck, data, default_name):
@@ -223,7 +225,8 @@ def _server(ck, s):
     files = ck.get(s, p, "files", _files, ())
     args = ck.get(s, p, "args", lambda c, v, q: read_args(c, v, q), ())
     env = ck.get(s, p, "env", lambda c, v, q: read_env(c, v, q), ())
-    runtime = ck.get(s, p, "runtime", _runtime, DEFAULT_RUNTIME)
+    runtime = ck.get(s, p, "runtime", lambda c, v, q: c.matches(
+        v, q, "|".join(RUNTIMES), " | ".join(f'"{r}"' for r in RUNTIMES)), "process")
     server = Server(engine=engine, python=python, model=model, host=host, port=port,
                     command=command, args=args, env=env, files=files, runtime=runtime)
     if engine == "vllm":
@@ -249,12 +252,6 @@ def _vllm_int_flags(ck, path, env):
                 ck.fail(path + (name,), '"1" (or true) for on, "0" (or false) for off: vLLM reads '
                         f"{name} with int() (vllm/envs.py) and would stop with ValueError",
                         text if value is text else "a secret")
-
-
-def _runtime(ck, v, path):
-    if v not in RUNTIMES:
-        ck.fail(path, "one of " + ", ".join(f'"{r}"' for r in RUNTIMES), v)
-    return v
 
 
 def _engine(ck, v, path):

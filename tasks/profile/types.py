@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Optional, Tuple, Union
 
 from .checktable import CheckCfg
+from .systemd_table import SystemdCfg
 from ..release.host.release_dirs import KEEP_RELEASES
 from .serverargs import JsonTable, ServerArgs
 from .serverenv import ServerEnv
 
 ENGINES = ("vllm", "sglang", "command")
+# What runs the server on the host (docs/runtimes.md; tasks/runtime/ holds each one's code).
+RUNTIMES = ("process", "systemd", "podman", "docker")
 
 
 @dataclass(frozen=True, repr=False)
@@ -59,7 +62,7 @@ class Server:
     args: Tuple[Tuple[str, ArgValue], ...] = ()  # flag name (no "--") -> value, in file order
     env: Tuple[Tuple[str, Union[str, Secret]], ...] = ()
     files: Tuple[str, ...] = ()                  # local paths (absolute, resolved) copied into the release dir
-    runtime: str = "process"                     # a row of tasks/runtime/__init__.py RUNTIMES
+    runtime: str = "process"                     # one of RUNTIMES
     # `args` read once, when the Server is made: what every reader of [server.args] asks
     flags: ServerArgs = field(init=False, repr=False, compare=False)
     # `env` read once: what every reader of [server.env] asks (tasks/profile/serverenv.py)
@@ -131,6 +134,7 @@ class Profile:
     check: CheckCfg = CheckCfg()                 # [check] accept = [doctor rule ids]
     supervise: Supervise = Supervise()
     weights: tuple = ()                          # [weights]: WeightSource per model path (fab pull)
+    systemd: SystemdCfg = SystemdCfg()           # [systemd] (runtime = "systemd")
     container: Optional[object] = None           # [container] (tasks/profile/container_table.py) for podman/docker
 
     @property

@@ -3,7 +3,9 @@
 `container_spec(profile)` is the CONTAINER dict of launch.py (tasks/release/launcher.py), read
 on the host by tasks/runtime/host/container.py: the engine's binary (the only difference
 between podman and docker), the container's name, image, GPUs, mounts and the restart policy
-mapped from [supervise]. What is mounted, always at the same path as on the host: the
+mapped from [supervise]; the release carries it as runtime.json (tasks/runtime/host/runtimes.py
+for_release reads it there, so `fab rollback` starts an old release as it was deployed). What is
+mounted, always at the same path as on the host: the
 deployment directory (releases, server.log, the engine's compile cache kept across releases),
 every absolute model path the profile names (read-only: server.model, a drafter, a pulled
 model), the Hugging Face cache [server.env] HF_HOME or HF_HUB_CACHE names, then [container]
@@ -11,7 +13,7 @@ mounts. Its secrets travel as today (secrets.json, 0600) into a 0600 env file th
 """
 from ..profile.types import Profile
 from ..steps.host.procs import DEFAULT_GRACE_S
-from . import RUNTIMES
+from . import runtime_json
 from .host.container import RESTART_POLICY, container_name
 
 DEFAULT_GPUS = {"podman": "cdi", "docker": "gpus"}
@@ -21,7 +23,7 @@ CACHE_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE")
 def container_spec(profile: Profile):
     from ..steps.preflight import model_paths
     s, c, sup = profile.server, profile.container, profile.supervise
-    engine = RUNTIMES[s.runtime].engine
+    engine = s.runtime  # the engine's binary: podman or docker
     mounts, seen = [], set()
 
     def mount(src, dst, ro):
@@ -36,17 +38,18 @@ def container_spec(profile: Profile):
             mount(env[name], env[name], False)
     for src, dst, ro in c.mounts:
         mount(src, dst, ro)
-    return {"engine": engine, "name": container_name(profile.target.name), "image": c.image,
+    return {"runtime": engine, "engine": engine, "name": container_name(profile.target.name), "image": c.image,
             "gpus": c.gpus or DEFAULT_GPUS[engine], "devices": profile.devices, "mounts": mounts,
             "engine_args": list(c.engine_args),
             "restart": RESTART_POLICY[sup.restart].format(max_restarts=sup.max_restarts),
             "grace": DEFAULT_GRACE_S, "port": s.port}
 
 
-def container_files(profile: Profile):
-    """[(name, bytes, mode)] a container release carries beside launch.py: the host package its
-    launch imports (tasks/transport/agent_code.py host_files, the one way code travels)."""
-    from ..transport.agent_code import HOST_PACKAGE, host_files
-    if profile.server.runtime not in ("podman", "docker"):
-        return []
-    return [(f"{HOST_PACKAGE}/{name}", data, 0o600) for name, data in host_files()]
+def release_files(profile: Profile):
+    """[(name, bytes, mode)] a container release carries: runtime.json (the container's spec)."""
+    return [("runtime.json", runtime_json(container_spec(profile)), 0o600)]
+
+
+def preflight(profile: Profile):
+    """The host check's runtime_spec: the engine, image and GPUs the container needs."""
+    return container_spec(profile)

@@ -12,8 +12,8 @@ from ..output import Block
 from ..profile.types import Profile
 from ..doctor.host_request import doctor_request
 from ..weights.sources import pull_fixes
-from ..runtime import CONTAINER_RUNTIMES
-from ..runtime.container import container_spec
+from ..gpu.ask import memory_ask
+from ..runtime import preflight_fields
 
 
 def deploy_dir(profile: Profile):
@@ -43,11 +43,11 @@ def preflight_request(profile: Profile, state=None):
         nvidia_smi=profile.gpu.nvidia_smi,
         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
         min_free_mib=profile.gpu.min_free_mib,
+        ask=memory_ask(profile),  # what the engine will take of each GPU (tasks/gpu/ask.py)
         models=models_request(profile),
         doctor=doctor_request(profile),  # the rules of tasks/doctor/host/spec_rules.py
+        **preflight_fields(profile),  # runtime, runtime_spec: a systemd unit's or a container's check
     )
-    if s.runtime in CONTAINER_RUNTIMES:  # the engine, image and GPUs of the container
-        req["container"] = container_spec(profile)
     server = (state or {}).get("server") or {}
     if state and state.get("alive") and server.get("port") == s.port:
         req["port_owner_pgid"] = server["pgid"]
@@ -78,22 +78,50 @@ def exposure_checks(profile: Profile):
         port = s.flags.value("port", default=s.port)
     if str(host) not in ALL_INTERFACES:
         return []
+    return exposure_warning(profile, host, port)
+
+
+def exposure_warning(profile: Profile, host, port, *, seen=False):
+    """The `exposure` WARN of a server listening on every address `host` at `port` ([] when
+    its API key covers it); `seen`: read from its listening sockets, not from the profile."""
+    s = profile.server
     tunnel = (f'bind [server] host = "127.0.0.1" and reach it through an SSH tunnel '
               f"(ssh -L {port}:127.0.0.1:{port} HOST)")
+    if seen and s.engine == "command":
+        tunnel = (f"make the command bind 127.0.0.1 (its own flag for the address: "
+                  f"`python -m http.server` takes --bind) and reach it through an SSH tunnel "
+                  f"(ssh -L {port}:127.0.0.1:{port} HOST)")
+    where = f"[{host}]:{port}" if ":" in str(host) and not str(host).startswith("[") else f"{host}:{port}"
+    if seen:
+        where += " (its own listening socket says so, whatever the profile says)"
     if profile.api_key is None:
         key = ("give the command a key of its own (from [server.env], never on its argv)"
                if s.engine == "command" else
                'set a key from your environment ([server.env] VLLM_API_KEY = { from_env = "VLLM_API_KEY" })')
-        message = (f"the server listens on {host}:{port} with no API key: anyone who can reach port "
+        message = (f"the server listens on {where} with no API key: anyone who can reach port "
                    f"{port} can use it. Either {key}, or {tunnel}")
     elif s.engine == "vllm":
-        message = (f"the server listens on {host}:{port}, and vLLM's API key guards only paths under "
+        message = (f"the server listens on {where}, and vLLM's API key guards only paths under "
                    f"{', '.join(VLLM_KEY_GUARDS)}: {', '.join(VLLM_KEY_LEAVES_OPEN)} and /invocations "
                    f"(which generates, as /v1/completions does) answer anyone who can reach port {port} "
                    f"without it. To close them, {tunnel}, or let only your clients reach the port")
     else:
         return []
     return [{"status": "WARN", "check": "exposure", "message": message}]
+
+
+def seen_exposure(profile: Profile, listening, predicted=()):
+    """The `exposure` WARNs of where the running server really listens (`listening`: [[address,
+    port]] of its process tree on its port, from the host): one per address meaning every
+    interface, unless the preflight's `predicted` checks already gave it from the profile."""
+    if any(c.get("check") == "exposure" for c in predicted):
+        return []
+    out = []
+    for address, port in listening or ():
+        if address in ALL_INTERFACES:
+            out += [dict(w, address=address, port=port)
+                    for w in exposure_warning(profile, address, port, seen=True)]
+    return out
 
 
 def ray_port_checks(profile: Profile):

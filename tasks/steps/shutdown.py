@@ -2,17 +2,19 @@
 
 The host agent TERMs the server's process group and every process carrying the
 release marker, waits `grace` seconds, KILLs what is left and sweeps stragglers
-(tasks/steps/host/procs.py). Then this side waits until the deployment's GPUs hold no
-more than just before the launch (gpu-baseline.json in the release), within
-tasks/gpu/host/nvsmi.py's tolerance, or fails naming the processes still there. A deployment
-that is not running is reported as such and is not an error.
+(tasks/steps/host/procs.py). Then this side waits until the deployment's own processes hold no
+GPU memory (per process, as nvidia-smi lists them: another deployment on the same GPU
+changes nothing), or fails naming them. Where nvidia-smi cannot say whose memory it is (a
+container that sees other pids), it waits instead until the deployment's GPUs hold no more
+than just before the launch (gpu-baseline.json), within tasks/gpu/host/nvsmi.py's
+tolerance. A deployment that is not running is reported as such and is not an error.
 """
 import time
 
 from ..errors import OperationFailed
 from ..output import processes
-from ..gpu.memory import FREE_TIMEOUT_S, gpu_lines, wait_freed
-from ..gpu.host.nvsmi import baseline_limits
+from ..gpu.memory import FREE_TIMEOUT_S, gpu_lines, other_holder_lines, wait_freed, wait_own_freed
+from ..gpu.host.nvsmi import baseline_limits, tolerance, unlisted
 from .host.procs import DEFAULT_GRACE_S
 
 
@@ -53,13 +55,33 @@ def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=
         why = (base or {}).get("error") or "no gpu-baseline.json in the release"
         reporter.line(name, f"GPU memory not checked ({why})")
         return res
-    limits = baseline_limits(base)
-    after = wait_freed(host, nvidia_smi=base.get("nvidia_smi") or "nvidia-smi", limits=limits,
-                       timeout=memory_timeout, what="GPU memory of the stopped deployment")
+    smi = base.get("nvidia_smi") or "nvidia-smi"
+    if res.get("held") is None or not res.get("trusted"):
+        # nvidia-smi cannot say whose memory it is here (a container sees other pids): the
+        # devices back to their pre-launch readings, as the only proof there is
+        limits = baseline_limits(base)
+        after = wait_freed(host, nvidia_smi=smi, limits=limits, timeout=memory_timeout,
+                           what="GPU memory of the stopped deployment")
+        res["memory_s"] = round(time.monotonic() - t0, 3)
+        res["gpus_after"] = after
+        reporter.line(name, f"GPU memory back to its pre-launch baseline {res['memory_s']:.1f} s after "
+                            "the stop began")
+        for line in gpu_lines(res.get("gpus_before"), after, base["gpus"]):
+            reporter.line(name, "  " + line)
+        return res
+    stopped = {int(p) for p in res.get("names") or ()} | {h["pid"] for h in res["held"]}
+    before = unlisted(res.get("gpus_before"), res["held"] + (res.get("held_others") or []))
+    found = wait_own_freed(host, ddir, nvidia_smi=smi, devices=base.get("devices"), pids=stopped,
+                           unlisted_limits={i: m + tolerance(m) for i, m in before.items()},
+                           timeout=memory_timeout)
     res["memory_s"] = round(time.monotonic() - t0, 3)
-    res["gpus_after"] = after
-    reporter.line(name, f"GPU memory back to its pre-launch baseline {res['memory_s']:.1f} s after "
+    res["gpus_after"] = found["gpus"]
+    freed = sum(h["mib"] for h in res["held"])
+    reporter.line(name, f"GPU memory of this deployment freed ({freed} MiB) {res['memory_s']:.1f} s after "
                         "the stop began")
-    for line in gpu_lines(res.get("gpus_before"), after, base["gpus"]):
+    for line in gpu_lines(res.get("gpus_before"), found["gpus"]):
+        reporter.line(name, "  " + line)
+    before = {(h["pid"], h["gpu"]) for h in res.get("held_others") or ()}
+    for line in other_holder_lines(found["holders"], before):
         reporter.line(name, "  " + line)
     return res

@@ -137,7 +137,8 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
         progress.feed(r["log"]["text"], elapsed)
         if health == 200 and (not ready_cfg.models_path or served is None or
                               (models is not None and served in models)):
-            return {"seconds": elapsed, "models": models, "gpus": r.get("gpus"), "at": r.get("at")}
+            return {"seconds": elapsed, "models": models, "gpus": r.get("gpus"), "at": r.get("at"),
+                    "listening": r.get("listening")}
         phase = progress.phase
         if health == 200:
             phase = "starting api"

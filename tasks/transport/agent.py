@@ -8,7 +8,6 @@ same connection. The `local` host runs the very same agent as a subprocess.
 """
 import io
 import json
-import os
 import shlex
 import socket
 import subprocess
@@ -198,8 +197,11 @@ class Host:
         if self.local:
             self._stderr = tempfile.TemporaryFile()
             try:
+                # its own session: a Ctrl-C at the terminal reaches llmfab alone, which stops
+                # what runs and puts back what ran before through this agent (as over SSH,
+                # where no remote agent sees the terminal's signals); it ends when its stdin closes
                 self._proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                              stderr=self._stderr)
+                                              stderr=self._stderr, start_new_session=True)
             except OSError as e:
                 raise AgentStartFailed(f"cannot run server.python {self.python!r} here: {e.strerror}")
             self._chan = _Channel(self._proc.stdin, self._proc.stdout, self._local_death)
@@ -281,10 +283,8 @@ class Host:
         benchmarks/RESULTS.md). Larger files go by SFTP on the same connection.
         """
         if self.local:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.chmod(path, mode)
+            from .host.safefile import replace
+            replace(path, data, mode)  # never through a link or onto a FIFO planted at `path`
             return
         if len(data) <= AGENT_PUT_MAX:
             import base64

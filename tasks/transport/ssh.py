@@ -68,6 +68,12 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
                 f.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
 
 
+def known_hosts_name(hostname, port):
+    """The name known_hosts stores a host's key under, as OpenSSH writes it: `host` on port 22,
+    `[host]:port` on any other (what `ssh-keygen -R` must be given)."""
+    return hostname if not port or int(port) == 22 else f"[{hostname}]:{port}"
+
+
 class _Transient(Exception):
     pass
 
@@ -252,10 +258,15 @@ def open_connection(name, config, *, timeout=None, accept_new=False):
                      "or pass --accept-new-host-keys, or set `StrictHostKeyChecking accept-new` "
                      "for this host in your ssh config"]) from None
     except paramiko.BadHostKeyException as e:
+        name = known_hosts_name(e.hostname, cxn.port)
+        files = [f for f in _known_hosts_files(cxn.ssh_config)
+                 + _files(cxn.ssh_config, "globalknownhostsfile", "/etc/ssh/ssh_known_hosts")
+                 if (_known_hosts(f) or {}).get(name) is not None] or _known_hosts_files(cxn.ssh_config)[:1]
+        import shlex
+        remove = " and ".join(f"`ssh-keygen -R {shlex.quote(name)} -f {shlex.quote(f)}`" for f in files)
         raise HostUnreachable(
-            f"host key of {e.hostname} does NOT match known_hosts: possible man-in-the-middle; "
-            "nothing was run there. If the host was reinstalled, remove its old key with "
-            f"`ssh-keygen -R {e.hostname}`") from None
+            f"host key of {name} does NOT match {', '.join(files)}: possible man-in-the-middle; "
+            f"nothing was run there. If the host was reinstalled, remove its old key with {remove}") from None
     except paramiko.AuthenticationException as e:
         raise HostUnreachable(f"authentication to {_describe(cxn)} failed: {e}; check User/IdentityFile "
                               "in your ssh config, or pass -i KEY") from None

@@ -195,8 +195,7 @@ def table(records, variants, concurrencies, objective, decision):
         cells.append("-" if spec.get("acceptance_rate") is None else f"{spec['acceptance_rate']:.2f}")
         cells.append("-" if spec.get("mean_acceptance_length") is None
                      else f"{spec['mean_acceptance_length']:.2f}")
-        cells.append(spec.get("verdict") or ("few drafts" if spec else "no spec"
-                                             if at.get("status") == "measured" else "-"))
+        cells.append(spec_label(spec, at.get("status") == "measured"))
         cells.append(at.get("host") or "-")
         cells.append(note(at) if at else "not measured")
         rows.append(cells)
@@ -213,9 +212,30 @@ def _cell(rec, figure):
     return _fmt(val) + (f" ±{_fmt((rng[1] - rng[0]) / 2)}" if rng else "")
 
 
+def spec_label(spec, measured):
+    """A variant's verdict cell: the doctor's verdict; `few drafts` when it saw too few to judge;
+    `not judged` when it judges none for this engine (a `command` server: no drafter to know);
+    `no spec` when the server drafted nothing."""
+    if not spec:
+        return "no spec" if measured else "-"
+    if "verdict" not in spec:
+        return "not judged"
+    return spec["verdict"] or "few drafts"
+
+
+def still_speculates(rec):
+    """Whether a baseline (no speculative flag in [server.args]) drafted anyway: the server
+    speculates by itself (the demo server without num-speculative-tokens = 0 did)."""
+    spec = rec.get("spec") or {}
+    return "speculative" in (rec.get("settings") or {}) and (
+        spec.get("acceptance_rate") is not None or bool(spec.get("drafts")))
+
+
 def note(rec):
     """Why a variant was not measured, in one short phrase."""
     if rec.get("status") == "measured":
+        if still_speculates(rec):
+            return "still speculates: the server drafts with no speculative flag"
         return f"{rec['errors']} errors" if rec.get("errors") else ""
     if rec.get("finding"):
         f = rec["finding"]

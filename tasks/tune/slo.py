@@ -58,11 +58,11 @@ def parse_slo(text):
             raise UsageError(f"--slo expects bounds like ttft_p90<=800,tpot_p50<=40 (milliseconds; "
                              f"keys {', '.join(k + '_pXX' for k in METRICS)}), got {part!r}")
         metric, q, limit = m.group(1), float(m.group(2)), float(m.group(3))
-        key = f"{metric}_p{m.group(2)}"
+        key = f"{metric}_p{q:g}"  # one spelling per percentile: p90, p90.0 and p090 are one key
         if limit <= 0:
             raise UsageError(f"--slo {part}: the bound must be above 0 ms")
         if key in [b.key for b in out]:
-            raise UsageError(f"--slo {key} is given twice")
+            raise UsageError(f"--slo {key} is given twice ({part!r} bounds it again)")
         out.append(Bound(key, metric, q, limit))
     return tuple(out)
 

@@ -16,6 +16,7 @@ So H alike hosts take about 1/H of the time. Ctrl-C sets `cancel`: every host ca
 after it raises Cancelled (a BaseException, so no clean-up path in between runs: the task
 body restores what ran before on fresh connections, ending these agents).
 """
+import os
 import threading
 import time
 
@@ -108,7 +109,8 @@ class Sweep:
         import json
         with self._lock:
             self.records += recs
-            with open(self.results_path, "a", encoding="utf-8") as f:
+            from ..transport.host.safefile import open_append
+            with os.fdopen(open_append(str(self.results_path)), "a", encoding="utf-8") as f:
                 for r in recs:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
@@ -162,8 +164,10 @@ class Sweep:
         except Cancelled:
             return
         except LlmfabError as e:
-            self.lost[name] = e.message.splitlines()[0]
             self.log.line(name, f"error: {e.message}")
+            if self.cancel.is_set():  # Ctrl-C: what ended the call is the interrupt, said once
+                return
+            self.lost[name] = e.message.splitlines()[0]
             self.progress(name, "lost", f"host given up: {self.lost[name]}")
         finally:
             if not self.cancel.is_set():  # Ctrl-C: the put-back ends this agent itself

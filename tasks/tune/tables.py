@@ -42,7 +42,7 @@ def slo_table(records, variants, decision, kind):
             " ".join(f"{p['load']:g}{'' if p['meets'] else 'x'}" for p in pts) or "-",
             str(sum(1 for p in pts if p.get("noisy"))) if pts else "-",
             "-" if spec.get("acceptance_rate") is None else f"{spec['acceptance_rate']:.2f}",
-            spec.get("verdict") or ("few drafts" if spec else "no spec" if measured else "-"),
+            results.spec_label(spec, measured),
             r.get("host") or "-",
             (results.note(r) if r else "not measured") if not measured
             else ("misses the bounds at load 1" if not cap else ""),

@@ -18,6 +18,7 @@ from pathlib import Path
 from ..errors import ExitCode, HostUnreachable, Interrupted, LlmfabError, TaskFailed, UsageError
 from . import results
 from .slo import slo_text
+from ..transport.host.safefile import open_append, replace as write_atomically
 
 PLAN = "plan.json"
 RESULTS = "results.jsonl"
@@ -34,7 +35,19 @@ def _plan(opts, base):
             "requests": opts.requests, "input_len": opts.input_len,
             "max_tokens": opts.max_tokens, "repeat": opts.repeat, "seed": opts.seed,
             "slo": slo_text(opts.slo) if opts.slo else None,
-            "load": opts.load if opts.slo else None, "max_load": opts.max_load if opts.slo else None}
+            "load": opts.load if opts.slo else None, "max_load": opts.max_load if opts.slo else None,
+            # what each measured profile says, its extends chain merged in: the same flags over
+            # an edited file are another sweep
+            "profile_digest": {str(base.path): base.digest,
+                               **{str(Path(p).resolve()): _digest(p) for p in opts.profiles}}}
+
+
+def _digest(path):
+    from ..profile import load_profile
+    try:
+        return load_profile(path, need_secrets=False).digest
+    except LlmfabError:
+        return None  # said in words when its variant is built
 
 
 def default_out_root(environ=None):
@@ -71,6 +84,12 @@ def _check_resume(out, plan):
                          + ", ".join(f"{k}: {saved.get(k)!r} there, {plan.get(k)!r} now"
                                      for k in diff)
                          + "); give the same flags, or start a new sweep with --out")
+    was = saved.get("profile_digest") or {}  # (a sweep begun before it was recorded: not checked)
+    changed = [p for p, d in was.items() if plan["profile_digest"].get(p, d) != d]
+    if changed:
+        raise UsageError(f"--resume {out}: {', '.join(changed)} changed since that sweep began (its "
+                         "content, with what it extends): resuming would mix measurements of two "
+                         "profiles; put it back as it was, or start a new sweep with --out")
 
 
 def tune(c, opts):
@@ -102,7 +121,7 @@ def tune(c, opts):
             import shutil
             shutil.rmtree(out, ignore_errors=True)
         raise
-    (out / PLAN).write_text(json.dumps(plan, indent=1) + "\n")
+    write_atomically(str(out / PLAN), json.dumps(plan, indent=1) + "\n")
     Sweeper(c, opts, base, variants, out, objective).run()
 
 
@@ -115,7 +134,7 @@ class Sweeper:
         self.hosts = hosts_for(c, base)
         self.kw = host_kwargs(c, base, opts)
         self.term = Reporter(self.hosts, json_mode=opts.json)
-        self._logf = open(out / LOG, "a", encoding="utf-8")
+        self._logf = os.fdopen(open_append(str(out / LOG)), "a", encoding="utf-8")
         self.log = Reporter(self.hosts, stream=self._logf)
 
     # -- phases ----------------------------------------------------------------------------
@@ -201,12 +220,14 @@ class Sweeper:
             for t in threads:
                 while t.is_alive():
                     t.join(0.2)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (tasks/interrupts.py)
+            from ..interrupts import words
             cancel.set()
-            self.term.line("", "Ctrl-C: the sweep stops here; putting back what ran before")
+            self.term.line("", f"{words()}: the sweep stops here; putting back what ran before")
             self.put_back(before, keep="previous", stale=sweep.agents, slots=sweep.slot_agents)
-            self.term.line("", f"interrupted: what was measured is in {path} (continue with "
-                               f"--resume {self.out})")
+            measured = f"what was measured is in {path}" if path.is_file() else \
+                "nothing was measured yet (no results.jsonl)"
+            self.term.line("", f"interrupted: {measured} (continue with --resume {self.out})")
             raise Interrupted() from None
         records = old + sweep.records
         self.finish(records, before, sweep, time.monotonic() - t0)
@@ -228,7 +249,7 @@ class Sweeper:
         if decision["winner"]:
             winner = next(v for v in self.variants if v.name == decision["winner"])
             tpath = self.out / f"{self.base.path.stem}.tuned.toml"
-            tpath.write_text(tuned_text(self.base, winner, decision["why"], self.out))
+            write_atomically(str(tpath), tuned_text(self.base, winner, decision["why"], self.out))
             tuned = load_profile(tpath)
         self.write_report(records, decision, headers, rows)
         self.term.line("")
@@ -278,9 +299,7 @@ class Sweeper:
                       variants=self.variants, concurrencies=o.concurrency,
                       objective=self.objective, decision=decision, headers=headers, rows=rows,
                       meta=meta, slo=o.slo, load=o.load)
-        tmp = self.out / "report.html.tmp"
-        tmp.write_text(html, encoding="utf-8")
-        os.replace(tmp, self.out / "report.html")
+        write_atomically(str(self.out / "report.html"), html)
 
     def put_back(self, before, *, keep, tuned=None, stale=None, slots=None):
         """Every host back to what ran before (or the winner), in parallel, fresh connections;

@@ -131,8 +131,9 @@ def build(base, *, vary, profiles, baseline, out):
             overrides = without_speculation(data)
             overrides["target"].update(pin)
             extends = None
-        path.write_text(profile_text(overrides, extends, path.parent,
-                                     f"fab tune {label} of {base.path.name}"))
+        from ..transport.host.safefile import replace
+        replace(str(path), profile_text(overrides, extends, path.parent,
+                                        f"fab tune {label} of {base.path.name}"))
         try:
             profile = load_profile(path)
         except LlmfabError as e:

@@ -26,7 +26,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..errors import ExitCode, LlmfabError, OperationFailed, UsageError
+from ..errors import LlmfabError, OperationFailed, UsageError
 from .local import OURS, hash_files
 
 INSTALL = "pip install 'llmfab[hub]' (the huggingface_hub client) on this machine"
@@ -159,11 +159,12 @@ def list_files(w, line, verify=False):
     except KeyboardInterrupt:
         # The downloads run in threads the executor would wait for: a 50 GB shard would hold
         # Ctrl-C for minutes. Stop here; their temporary files go at the next pull.
-        line("interrupted (Ctrl-C) while fetching from the hub: nothing was sent to the hosts; "
+        from ..interrupts import exit_status, words
+        line(f"interrupted ({words()}) while fetching from the hub: nothing was sent to the hosts; "
              "the files fetched whole stay in this machine's hub cache")
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(ExitCode.INTERRUPTED)
+        os._exit(exit_status())
     pool.shutdown()
     if not took:
         line(f"{w.source}: every file already in this machine's hub cache")
@@ -199,7 +200,7 @@ def _drop_partials(hh, repo):
         path = os.path.join(blobs, name)
         lock = os.path.join(hh.constants.HF_HUB_CACHE, ".locks", folder, m["etag"] + ".lock")
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o664)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o664)
         except OSError:
             continue
         try:

@@ -12,11 +12,9 @@
    NAME only once its size and sha256 match (tasks/weights/host/receiver.py); then manifest.json.
 """
 import fnmatch
-import json
 import os
 import queue
 import secrets
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -32,9 +30,9 @@ from ..fleet.runner import host_kwargs, hosts_for, load
 from ..transport.host.common import error_words
 from ..output import Reporter, report_error
 from ..transport.agent import Host
-from . import hub
-from .local import list_files
-from .schedule import SOURCE, Fanout
+from . import hub, send
+from .local import forget, list_files
+from .schedule import SMALL, SOURCE, Fanout
 
 KEY_LIFETIME = timedelta(hours=6)   # the expiry-time= of the pull's key (removed long before)
 SPARE = 64 << 20                    # bytes a host must keep free beyond the files
@@ -66,6 +64,9 @@ class _HostState:
         self.plan = None
         self.need = 0
         self.received = 0
+        self.landed = 0             # bytes of files verified there (of `need`)
+        self.prepared = None
+        self.source_changed = None
         self.files_received = 0
         self.by_sender = {}
         self.started = None
@@ -91,8 +92,9 @@ def pull(c, opts):
             if w.hub:
                 commit, listed = hub.list_files(w, lambda text: reporter.line("", text), opts.verify)
             else:
-                commit, listed = None, list_files(w.source, w.local)
+                commit, listed = None, list_files(w.source, w.local, fresh=opts.verify)
             dirs.append({"path": w.path, "source": w.source, "commit": commit, "files": listed})
+        _nest(dirs)
     except OperationFailed as e:  # the hub refused or a file did not verify: no host gets it
         if opts.json:  # one object per host, as always; the message once, on stderr
             for n in names:
@@ -121,6 +123,7 @@ def pull(c, opts):
         receivers = [n for n in live if needs[n]]
         if len(senders) > 1 and receivers:
             _grant(states, sorted(senders), pull_id, reporter, granted)
+        _small_first(states, needs, files, pull_id, reporter)
         fan = Fanout(sizes={k: f["size"] for k, f in files.items()}, needs=needs,
                      can_send=senders if granted else set())
         _copy(fan, states, files, pull_id, reporter, t0)
@@ -133,23 +136,25 @@ def pull(c, opts):
             try:
                 for d in dirs:
                     kept = st.host.call("weights_manifest", path=d["path"], source=d["source"],
-                                        commit=d["commit"], files=[{k: f[k] for k in ("path", "size", "sha256")}
+                                        commit=d["commit"], inner=d["inner"], files=[{k: f[k] for k in ("path", "size", "sha256")}
                                                                    for f in d["files"]], timeout=None)
                     loaded += _leftovers(reporter, st, d, kept)
             except LlmfabError as e:
                 results[n] = _failed(reporter, n, e, st)
                 continue
             results[n] = _done(reporter, st, dirs, opts, time.monotonic() - t0, loaded)
-    except KeyboardInterrupt:
-        reporter.line("", "interrupted (Ctrl-C): partial files stay as .NAME.llmfab-part "
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP (tasks/interrupts.py)
+        from ..interrupts import exit_status, words
+        reporter.line("", f"interrupted ({words()}): partial files stay as .NAME.llmfab-part "
                           "(the next pull resumes them); no half file has a final name")
         _revoke(names, kw, pull_id, reporter, fresh=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(ExitCode.INTERRUPTED)  # copies in flight run in threads; the sockets close with us
+        os._exit(exit_status())  # copies in flight run in threads; the sockets close with us
     finally:
-        if granted:
-            _revoke(granted, kw, pull_id, reporter, states=states)
+        started = [n for n in names if getattr(states[n], "prepared", None)]
+        if started:  # the pull's key, receiver and locks: its own only, never another pull's
+            _revoke(started, kw, pull_id, reporter, states=states)
         for st in states.values():
             st.host.close()
     ordered = [results[n] for n in names]
@@ -175,6 +180,7 @@ def _plan(st, dirs, pull_id, verify, reporter):
     """Connect, read what the host holds, check its space, prepare it. -> None or the error."""
     try:
         st.host.start()
+        st.host.call("weights_lock", pull=pull_id, paths=[d["path"] for d in dirs], timeout=60)
         st.plan = st.host.call("weights_plan", verify=verify, timeout=None, dirs=[
             {"path": d["path"], "files": [{k: f[k] for k in ("path", "size", "sha256")}
                                           for f in d["files"]]} for d in dirs])
@@ -186,7 +192,9 @@ def _plan(st, dirs, pull_id, verify, reporter):
                 raise OperationFailed(
                     f"not enough space for {d['path']}: it needs {mine['need']} bytes "
                     f"({_mib(mine['need'])}) more, {mine['free']} bytes ({_mib(mine['free'])}) "
-                    "are free there: free some, or point [weights] at a larger disk")
+                    f"are free there, and a pull keeps {_mib(SPARE)} free beyond the files "
+                    f"(short by {_mib(mine['need'] + SPARE - mine['free'])}): free some, or point "
+                    "[weights] at a larger disk")
         for path in st.bad:
             reporter.line(st.name, f"{path}: present but wrong (size or sha256); fetching it again")
         resumed = sum(f["part"] for d in st.plan["dirs"] for f in d["files"] if not f["ok"])
@@ -262,12 +270,90 @@ def _revoke(names, kw, pull_id, reporter, states=None, fresh=False):
         list(pool.map(one, names))
 
 
+def _nest(dirs):
+    """Destinations inside another (model /m, drafter /m/drafter) are one plan: each dir's
+    `inner` names the destinations nested in it (relative), whose files are theirs (never
+    an outer's extra, leftover or manifest entry). A file the outer source has under an inner
+    destination comes from the inner's source: the same bytes there are dropped from the
+    outer's list, different ones are refused (exit 2) naming both sources."""
+    for d in dirs:
+        d["inner"] = sorted(os.path.relpath(o["path"], d["path"]) for o in dirs
+                            if o is not d and o["path"].startswith(d["path"].rstrip("/") + "/"))
+    for d in dirs:
+        clash = []
+        for rel in d["inner"]:
+            theirs = next(o for o in dirs if o["path"] == os.path.join(d["path"], rel))
+            shas = {f["path"]: f["sha256"] for f in theirs["files"]}
+            kept = []
+            for f in d["files"]:
+                if not f["path"].startswith(rel + "/"):
+                    kept.append(f)
+                elif shas.get(f["path"][len(rel) + 1:]) != f["sha256"]:
+                    clash.append(f"{d['path']}/{f['path']}")
+            d["files"] = kept
+        if clash:
+            raise UsageError(
+                f"[weights]: {d['source']} ({d['path']}) holds {_names(clash)}, inside another "
+                f"destination of this profile whose source has other bytes under that name: one "
+                "file, two sources. Remove it from one of the sources (or give the outer source "
+                "without the inner directory)")
+
+
+def _small_first(states, needs, files, pull_id, reporter):
+    """Whole small files (at most SMALL bytes, none partly there) go from here first, in
+    batches: one SSH session and one receiver per batch (send.batch), every host at once.
+    What lands leaves `needs`; what does not stays there for the file-by-file copies."""
+    def one_host(n):
+        st = states[n]
+        small = [k for k, off in needs[n].items() if off == 0 and files[k]["size"] <= SMALL]
+        by_root = {}
+        for k in sorted(small):
+            by_root.setdefault(k[0], []).append(k)
+        if len(small) < 2:
+            return
+        for root, keys in by_root.items():
+            for group in send.batches(keys, files):
+                try:
+                    got, secs = send.batch(st, root, [files[k] for k in group], pull_id)
+                except (LlmfabError, OSError) as e:
+                    reporter.line(n, f"a batch of {_files(len(group))} from here failed "
+                                     f"({getattr(e, 'message', None) or error_words(e)}); "
+                                     "sending them one by one")
+                    return
+                landed = [k for k in group if got[k[1]].get("ok")]
+                with st.lock:
+                    st.received += sum(a.get("bytes", 0) for a in got.values())
+                    st.landed += sum(files[k]["size"] for k in landed)
+                    st.files_received += len(landed)
+                    st.by_sender["here"] = st.by_sender.get("here", 0) + sum(
+                        a.get("bytes", 0) for a in got.values())
+                for k in landed:
+                    del needs[n][k]
+                changed = [a for a in got.values() if a.get("kind") == "source"]
+                if changed:
+                    for k in group:
+                        if got[k[1]].get("kind") == "source":
+                            forget(files[k]["local"])
+                    st.source_changed = changed[0]["reason"]
+                    return
+                size = sum(files[k]["size"] for k in landed)
+                reporter.line(n, f"{_files(len(landed))} ({_mib(size)}) from here in one batch, "
+                                 f"{secs:.1f} s; {_mib(st.landed)} of {_mib(st.need)}")
+    live = [n for n in needs if needs[n]]
+    for n in live:
+        states[n].started = states[n].started or time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(live)))) as pool:
+        list(pool.map(one_host, live))
+
+
 def _copy(fan, states, files, pull_id, reporter, t0):
     """Run the copies the schedule starts until every host has its files (or failed)."""
     done = queue.Queue()
     running = 0
     for n in fan.needs:
-        states[n].started = time.monotonic()
+        states[n].started = states[n].started or time.monotonic()
+        if getattr(states[n], "source_changed", None):
+            fan.failed[n] = states[n].source_changed
     while True:
         for sender, host, key, offset in fan.next_copies():
             running += 1
@@ -288,12 +374,15 @@ def _copy(fan, states, files, pull_id, reporter, t0):
         st.by_sender[who] = st.by_sender.get(who, 0) + answer.get("bytes", 0)
         if answer.get("ok"):
             st.files_received += 1
+            st.landed += files[key]["size"] - offset
             _progress(reporter, st, key, who, answer, files[key]["size"])
             fan.finished(sender, host, key, True)
         else:
             fatal = None
-            if answer.get("kind") in ("disk_full", "host"):
+            if answer.get("kind") in ("disk_full", "host", "source"):
                 fatal = answer["reason"]
+            if answer.get("kind") == "source":
+                forget(files[key]["local"])
             reporter.line(host, f"{key[1]} from {who}: {answer.get('reason')}"
                                 + ("" if fatal else "; trying again"))
             fan.finished(sender, host, key, False, fatal=fatal,
@@ -302,25 +391,31 @@ def _copy(fan, states, files, pull_id, reporter, t0):
 
 
 def _part_after(offset, answer):
-    return offset + answer.get("bytes", 0) if answer.get("kind") is None else 0
+    return offset + answer.get("bytes", 0) if answer.get("kind") in (None, "short") else 0
+
+
+ETA_AFTER = 2.0  # seconds of copying before a time left is guessed (a first small file says nothing)
 
 
 def _progress(reporter, st, key, who, answer, size):
+    """One line per file received: the host's bytes landed (never more than it needs), the
+    rate over the copy so far, and the time left once that rate means something."""
     spent = max(time.monotonic() - st.started, 1e-6)
-    rate = st.received / spent
-    left = max(st.need - st.received, 0)
-    eta = f", ~{left / rate:.0f} s left" if left and rate > 0 else ""
+    landed = min(st.landed, st.need)
+    rate = landed / spent
+    left = st.need - landed
+    eta = f", ~{left / rate:.0f} s left" if left and rate > 0 and spent >= ETA_AFTER else ""
     secs = max(answer.get("seconds") or 0.0, 1e-6)
     reporter.line(st.name, f"{key[1]} ({_mib(size)}) from {who} in {secs:.1f} s "
                            f"({answer.get('bytes', 0) / secs / 1e6:.0f} MB/s); "
-                           f"{_mib(st.received)} of {_mib(st.need)} at {rate / 1e6:.0f} MB/s{eta}")
+                           f"{_mib(landed)} of {_mib(st.need)} at {rate / 1e6:.0f} MB/s{eta}")
 
 
 def _one_copy(done, states, sender, host, key, offset, f, pull_id):
     order = {"root": key[0], "file": {k: f[k] for k in ("path", "size", "sha256")}, "offset": offset}
     try:
         if sender is SOURCE:
-            answer = _from_here(states[host], order, f["local"], pull_id)
+            answer = send.one(states[host], order, f["local"], pull_id)
         else:
             src, dst = states[sender], states[host]
             answer = src.host.call("weights_send", pull=pull_id, root=key[0], file=order["file"],
@@ -332,46 +427,6 @@ def _one_copy(done, states, sender, host, key, offset, f, pull_id):
     except Exception as e:  # a copy's own failure stays with its host
         answer = {"ok": False, "bytes": 0, "reason": error_words(e)}
     done.put((sender, host, key, offset, answer))
-
-
-def _from_here(st, order, local, pull_id):
-    """Stream `local` from the order's offset into the host's receiver, on the task's own
-    SSH connection (a second session on it), or to a local receiver process."""
-    argv = [st.python, "-S", st.prepared["receiver"], pull_id,
-            json.dumps(order, separators=(",", ":"), sort_keys=True)]
-    start = time.monotonic()
-    with open(local, "rb") as src:
-        src.seek(order["offset"])
-        if st.host.local:
-            p = subprocess.run(argv, stdin=src, capture_output=True)
-            out, err, rc = p.stdout, p.stderr, p.returncode
-        else:
-            chan = st.host.cxn.client.get_transport().open_session()
-            try:
-                chan.exec_command(shlex.join(argv))
-                for data in iter(lambda: src.read(1 << 20), b""):
-                    chan.sendall(data)
-                chan.shutdown_write()
-                out = b"".join(iter(lambda: chan.recv(65536), b""))
-                rc = chan.recv_exit_status()
-                err = b""
-                while chan.recv_stderr_ready():
-                    err += chan.recv_stderr(65536)
-            except OSError as e:  # the receiver ended early (disk full): its answer tells why
-                try:
-                    out = b"".join(iter(lambda: chan.recv(65536), b""))
-                except OSError:
-                    out = b""
-                rc, err = -1, error_words(e).encode()
-            finally:
-                chan.close()
-    try:
-        answer = json.loads(out.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        answer = {"ok": False, "bytes": 0, "reason": f"the receiver exited {rc}: "
-                  + err.decode("utf-8", "replace").strip()[-400:]}
-    answer["seconds"] = time.monotonic() - start
-    return answer
 
 
 def _names(paths):

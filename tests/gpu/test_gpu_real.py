@@ -173,7 +173,7 @@ def test_deploy_status_stop_frees_gpu_memory(host):
     assert all(host.alive(p) for p in big), "a dry run signalled something"
 
     r, wall = fab("stop")
-    m = re.search(r"GPU memory back to its pre-launch baseline ([0-9.]+) s after the stop began", r.stdout)
+    m = re.search(r"GPU memory of this deployment freed \(\d+ MiB\) ([0-9.]+) s after the stop began", r.stdout)
     assert m, "stop did not confirm the GPU memory came back"
     used, procs = host.readings("after fab stop")
     print(f"stop: memory back {m.group(1)} s after the stop began (fab wall time {wall:.2f} s, "

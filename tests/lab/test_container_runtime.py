@@ -143,7 +143,7 @@ def test_deploy_status_bench_tail_log_and_stop_in_a_podman_container(pod):
     assert st["container"]["name"] == "llmfab-" + name and st["container"]["status"] == "running"
     assert st["container"]["restarts"] == 0 and SECRET not in r.stdout + r.stderr
     human = run(lab, "status", profile=prof).stdout
-    assert f"container llmfab-{name} (podman): running" in flat(human)
+    assert f"runtime podman: container llmfab-{name} running" in flat(human)
     # the stand-in's GPU memory is held by host pids of the container (what nvidia-smi shows)
     holders = {h["pid"] for h in st["gpu_holders"] if h["ours"]}
     assert holders and holders <= set(pids), (holders, pids)

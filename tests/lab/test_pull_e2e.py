@@ -100,7 +100,7 @@ def test_pull_to_8_hosts_fans_out_and_a_full_disk_fails_alone(lab, model, profil
         assert o["ok"] is True and o["files_received"] == len(want) and o["bytes_received"] == need
         fed_here += o["from"].get("here", 0)
         got = {p.name: sha(p) for p in on_host(lab, h).iterdir() if not p.name.startswith(".")}
-        manifest = json.loads(got.pop("manifest.json") and on_host(lab, h, "manifest.json").read_text())
+        manifest = json.loads(on_host(lab, h, ".llmfab-manifest.json").read_text())
         assert got == want, h
         assert {f["path"]: f["sha256"] for f in manifest["files"]} == want
         assert manifest["source"] == f"local:{model}"
@@ -167,7 +167,10 @@ def test_resume_after_kill_9_mid_file(lab, model, profile):
     assert sha(on_host(lab, "h5", shard.name)) == sha(shard) and not part.exists()
 
 
-def test_ctrl_c_leaves_no_half_file_and_no_access(lab, model, profile):
+@pytest.mark.parametrize("sig, code, words", [(signal.SIGINT, 130, "Ctrl-C"),
+                                              (signal.SIGTERM, 143, "SIGTERM"),
+                                              (signal.SIGHUP, 129, "SIGHUP")])
+def test_ctrl_c_or_a_kill_leaves_no_half_file_and_no_access(lab, model, profile, sig, code, words):
     want = source_files(model)
     for h in ("h6", "h7"):
         for p in on_host(lab, h).glob("*.safetensors"):
@@ -178,11 +181,11 @@ def test_ctrl_c_leaves_no_half_file_and_no_access(lab, model, profile):
         wait_for(lambda: keys.exists() and "llmfab-pull" in keys.read_text()
                  and any(on_host(lab, h).glob(".*.llmfab-part") for h in ("h6", "h7")), 60,
                  "the pull's key authorised and a copy under way")
-        bg.proc.send_signal(signal.SIGINT)
-        assert bg.finish() == 130, bg.text
+        bg.proc.send_signal(sig)
+        assert bg.finish() == code, bg.text
     finally:
         bg.close()
-    assert "interrupted (Ctrl-C)" in bg.text
+    assert f"interrupted ({words})" in bg.text
     no_access_left(lab, ("h6", "h7"))
     for h in ("h6", "h7"):
         all_final_names_verified(lab, h, want)
@@ -230,10 +233,9 @@ def test_a_repull_removes_the_earlier_pulls_files_and_keeps_the_users(lab, model
         assert o["ok"] is True and o["files_received"] == 2, o  # the new shard and the new index
         assert o["removed"] == [f"{MODEL}/{old}"], o
         got = {p.name: sha(p) for p in on_host(lab, h).iterdir() if not p.name.startswith(".")}
-        manifest = json.loads(on_host(lab, h, "manifest.json").read_text())
+        manifest = json.loads(on_host(lab, h, ".llmfab-manifest.json").read_text())
         assert {f["path"]: f["sha256"] for f in manifest["files"]} == want
         assert manifest["source"] == f"local:{rev2}"
-        got.pop("manifest.json")
         assert got == dict(want, **({"NOTES.md": sha(on_host(lab, "h1", "NOTES.md"))} if h == "h1" else {}))
     assert out["h1"]["extra_files"] == [f"{MODEL}/NOTES.md"] and out["h2"]["extra_files"] == []
     assert not on_host(lab, "h2", f".{old}.llmfab-part").exists()

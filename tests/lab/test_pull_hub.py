@@ -77,8 +77,7 @@ def test_pull_from_the_hub_to_3_hosts_records_the_commit_and_reads_the_hub_once(
         assert out[h]["ok"] is True and out[h]["dirs"][0]["commit"] == hub.commit, out[h]
         got = {q.name: hashlib.sha256(q.read_bytes()).hexdigest()
                for q in on_host(lab, h).iterdir() if not q.name.startswith(".")}
-        manifest = json.loads(on_host(lab, h, "manifest.json").read_text())
-        del got["manifest.json"]
+        manifest = json.loads(on_host(lab, h, ".llmfab-manifest.json").read_text())
         assert got == want, h
         assert manifest["commit"] == hub.commit and manifest["source"] == "hf://org/model@main"
         assert {f["path"]: f["sha256"] for f in manifest["files"]} == want
@@ -108,7 +107,7 @@ def test_a_corrupted_download_is_refused_by_its_lfs_sha256_and_fetched_again_nex
     assert f'[weights] "{MODEL}": hf://org/other: {shard}: sha256 ' in text, text
     assert "the hub's LFS sha256 is" in text and "Traceback" not in text
     for h in HOSTS:  # nothing went to the hosts from a source that did not verify
-        m = on_host(lab, h, "manifest.json")
+        m = on_host(lab, h, ".llmfab-manifest.json")
         assert not m.exists() or json.loads(m.read_text())["source"] != "hf://org/other"
     hub.repos["org/other"].corrupted.clear()
     r = fab(lab, "-H", "h1", "pull", "--json", profile=p, env=hub.env)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -366,3 +367,68 @@ def test_while_a_dead_servers_leftovers_are_ended_the_supervisor_does_not_say_ru
     finally:
         fab(lab, "stop", "--grace", "1", profile=prof)
     assert not any(alive(k) for k in kids)
+
+
+# A directory like vLLM's dependency tree on the H200 (issue 36): a top-level `supervisor`
+# (supervisord), and modules named like the supervisor's own; a sitecustomize records where it ran.
+SHADOW = {
+    "supervisor/__init__.py": "raise ImportError('the shadow supervisor package was imported')\n",
+    "supervise.py": "raise ImportError('the shadow supervise module was imported')\n",
+    "llmfab_host/__init__.py": "raise ImportError('the shadow llmfab_host was imported')\n",
+    "sitecustomize.py": "import os, sys\nwith open(os.environ['SHADOW_LOG'], 'a') as f:\n"
+                        "    f.write('%d %s\\n' % (os.getpid(), ' '.join(sys.argv)))\n",
+}
+
+
+def test_a_sigstopped_server_is_restarted_though_pythonpath_names_a_supervisor_package(lab):
+    """SIGSTOP of the server as soon as deploy says ready (before the supervisor's own probe saw a
+    200: the watch is armed by deploy's startup.json, else it stays "never ready" for ever, the
+    cause seen on the H200): /health is never answered, the supervisor must stop it and
+    start a new one within hang_timeout + one probe + the stop + a start. The host's PYTHONPATH
+    (exported in ~/.bashrc, so the agent and launch.py inherit it) and [server.env] PYTHONPATH
+    both name a directory holding a `supervisor` package and modules named like the supervisor's:
+    launch.py and the supervisor run isolated and import none of it; the server still gets its
+    PYTHONPATH. The stopped server is resumed before the TERM, so it ends on the TERM at once,
+    not by the KILL after the 30 s grace."""
+    name, hang_timeout = "sup-stop", 3.0
+    shadow = lab.tmp(HOST) / "pyshadow"  # /tmp/pyshadow on the host
+    for rel_name, text in SHADOW.items():
+        (shadow / rel_name).parent.mkdir(parents=True, exist_ok=True)
+        (shadow / rel_name).write_text(text)
+    log = lab.tmp(HOST) / "pyshadow.log"
+    log.unlink(missing_ok=True)
+    bashrc = lab.home(HOST) / ".bashrc"
+    original = bashrc.read_text() if bashrc.exists() else None
+    bashrc.write_text((original or "") + "\nexport PYTHONPATH=/tmp/pyshadow SHADOW_LOG=/tmp/pyshadow.log\n")
+    prof = profile(lab, name, 31110, {"PYTHONPATH": "/tmp/pyshadow", "SHADOW_LOG": "/tmp/pyshadow.log"},
+                   {"hang_timeout": hang_timeout})
+    first = None
+    try:
+        fab(lab, "deploy", profile=prof)
+        first = server_pid(lab, name)
+        assert b"PYTHONPATH=/tmp/pyshadow" in Path(f"/proc/{first}/environ").read_bytes().split(b"\0")
+        t0 = time.monotonic()
+        os.kill(first, signal.SIGSTOP)
+        st = restarted_and_ready(lab, prof, 1)
+        took = time.monotonic() - t0
+        interval = min(5.0, hang_timeout) / 2
+        print(f"SIGSTOP -> restarted and ready in {took:.1f} s (hang_timeout {hang_timeout:g} s)")
+        # detection <= hang_timeout + one probe (+ the probe's own timeout), the stop ~1 s, the
+        # stand-in's start < 2 s, status polls; the 30 s grace would be far over.
+        assert took < hang_timeout + 2 * interval + 12, took
+        [rec] = attempts(lab, name)
+        assert rec["rule"] == "hung" and "no /health 200" in rec["line"], rec
+        assert rec["signal"] != "SIGKILL", rec  # ended on the TERM (exit 0), not by the KILL after the grace
+        assert st["pid"] != first and not alive(first)
+        sup = read(release(lab, name) / "supervisor.json")
+        assert sup["health"] and sup["health"]["answering"] is True, sup
+        ran = log.read_text().splitlines() if log.exists() else []
+        assert ran and not [line for line in ran if "launch.py" in line], ran  # the servers ran it, launch.py not
+    finally:
+        if original is None:
+            bashrc.unlink(missing_ok=True)
+        else:
+            bashrc.write_text(original)
+        if first and alive(first):
+            os.kill(first, signal.SIGKILL)
+        fab(lab, "stop", "--grace", "5", profile=prof)

@@ -126,9 +126,14 @@ def test_a_sweep_over_two_hosts_skips_the_broken_variants_names_the_winner_and_p
     assert new == 3, "k=8, baseline and the start failure: one new release each"
 
 
-def test_ctrl_c_mid_sweep_restores_the_previous_release_and_exits_130(lab, tmp_path):
-    name = "tune-ctrlc"
-    base = base_profile(lab, name, 18820, tokens_per_s=60)
+@pytest.mark.parametrize("sig, code, port", [(signal.SIGINT, 130, 18820),
+                                             (signal.SIGTERM, 143, 18821),
+                                             (signal.SIGHUP, 129, 18822)])
+def test_ctrl_c_or_a_kill_mid_sweep_restores_the_previous_release_and_exits_128_n(lab, tmp_path,
+                                                                                  sig, code, port):
+    # SIGTERM (a `kill`, a CI timeout) and SIGHUP (a closed terminal) put back as Ctrl-C does
+    name = f"tune-sig{int(sig)}"
+    base = base_profile(lab, name, port, tokens_per_s=60)
     helpers.fab(lab, "deploy", "-H", "h3", profile=base)
     before = alive_release(lab, "h3", name)
     out = tmp_path / "ctrlc"
@@ -139,8 +144,8 @@ def test_ctrl_c_mid_sweep_restores_the_previous_release_and_exits_130(lab, tmp_p
         bg.wait_line("variant 2 of 3 (k=2): bench", timeout=120)
         running = alive_release(lab, "h3", name)
         assert running and running != before  # variant 2 runs now
-        bg.proc.send_signal(signal.SIGINT)
-        assert bg.finish(120) == 130, bg.text
+        bg.proc.send_signal(sig)
+        assert bg.finish(120) == code, bg.text
     finally:
         bg.close()
     assert "putting back what ran before" in bg.text

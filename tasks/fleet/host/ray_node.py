@@ -20,6 +20,7 @@ import time
 
 from ...gpu.host import nvsmi
 from ...steps.host.procs import DEFAULT_GRACE_S
+from ...transport.host.safefile import open_append
 from ...transport.host.common import (HostError, cmdline, expand, group_members, kill_each, pid_alive, pids_marked, read_json, site_packages, utc_iso, write_json)
 
 MARKER = "LLMFAB_RAY"
@@ -136,7 +137,7 @@ def op_ray_start(req):
     argv += ["--num-gpus", str(num_gpus)] if num_gpus is not None else []
     log_path = os.path.join(rdir, "ray.log")
     now = utc_iso()
-    with open(log_path, "ab") as log:
+    with os.fdopen(open_append(log_path), "ab") as log:  # never through a planted link
         log.write(("=== llmfab %s: %s\n" % (now, json.dumps(argv))).encode())
         offset = log.tell()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -17,7 +17,7 @@ import os
 import re
 
 from . import nvsmi
-from ...transport.host.common import (PROC, cmdline, expand, fd_targets, pids, proc_read, read_bytes, stat_fields)
+from ...transport.host.common import (PROC, cmdline, fd_targets, pids, proc_read, read_bytes, read_json, stat_fields)
 
 GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nv-fabricmanager",
@@ -195,15 +195,33 @@ def _note(foreign, procs):
 
 
 def op_gpu_procs(req):
-    return survey(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))
+    """survey(), each process marked with whose it is when `deploy_dir` (the profile's
+    deployment) is given: `owner` {deployment, release, ours, live}; a live server of another
+    deployment is `spared` unless `neighbours` (kill-gpu-procs --all)."""
+    found = survey(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))
+    if req.get("deploy_dir"):
+        mark_owners(found["procs"], req["deploy_dir"], spare_neighbours=not req.get("neighbours"))
+    return found
 
 
-def _release_of(pid, marker, proc_root=PROC):
-    """The release whose marker (LLMFAB_RELEASE=<ddir>/releases/<R>...) pid's environment carries."""
-    for item in (proc_read(pid, "environ", proc_root) or b"").split(b"\0"):
-        if item.startswith(marker + b"/"):
-            return item[len(marker) + 1:].split(b"/")[0].decode("utf-8", "replace")
-    return None
+def mark_owners(procs, ddir, spare_neighbours=True, proc_root=PROC):
+    """Set each process's `owner`; spare what a live server of another deployment runs."""
+    from ...steps.host.identity import Table, server_alive
+    table = Table(proc_root)
+    live = {}
+    for p in procs:
+        own = table.owner(p["pid"])
+        if own is None:
+            p["owner"] = None
+            continue
+        ours = table.is_of(p["pid"], ddir) is not None
+        other = own["ddir"]
+        if other and other not in live:
+            live[other] = server_alive(other, read_json(os.path.join(other, "server.json")))
+        alive = bool(other and live[other])
+        p["owner"] = {"deployment": own["name"], "release": own["release"], "ours": ours, "live": alive}
+        if not ours and alive and spare_neighbours and p["spared"] is None:
+            p["spared"] = "another deployment %s, release %s" % (own["name"], own["release"])
 
 
 def _name(p):
@@ -212,21 +230,35 @@ def _name(p):
     return first if p["comm"] and first.startswith(p["comm"]) else (p["comm"] or first)
 
 
-def holders(ddir, nvidia_smi="nvidia-smi", devices=None, proc_root=PROC):
-    """Who holds memory on the selected GPUs: [{pid, name, gpu, mib, ours, release}], one per
-    process and GPU; `ours` when its environment carries this deployment's release marker
-    (the same marker stop's sweep looks for), `release` then names the release."""
-    from ...transport.host.common import release_marker
-    marker = release_marker(expand(ddir))
+def holders(ddir, nvidia_smi="nvidia-smi", devices=None, proc_root=PROC, survey_result=None):
+    """Who holds memory on the selected GPUs: [{pid, name, gpu, mib, ours, deployment,
+    release, how}], one per process and GPU. `ours`: the process is deployment `ddir`'s
+    (tasks/steps/host/identity.py: its cgroup, session or marker); `deployment` names the
+    llmfab deployment it belongs to (this one or another; None: not an llmfab deployment),
+    `release` its release."""
+    from ...steps.host.identity import Table
+    table = Table(proc_root)
+    found = survey_result or survey(nvidia_smi, devices, proc_root)
+    own = table.members(ddir)
     out = []
-    for p in survey(nvidia_smi, devices, proc_root)["procs"]:
-        release = _release_of(p["pid"], marker, proc_root)
+    for p in found["procs"]:
+        owner = table.owner(p["pid"])
+        mine = own.get(p["pid"])
+        if mine is not None and owner is None:  # e.g. an orphan whose session leader is gone
+            owner = {"name": None, "release": mine, "how": "session"}
         for g in p["gpus"]:
             if g["used_mib"]:
-                out.append({"pid": p["pid"], "name": _name(p), "gpu": g["index"],
-                            "mib": g["used_mib"], "ours": release is not None, "release": release})
+                out.append({"pid": p["pid"], "name": _name(p), "gpu": g["index"], "mib": g["used_mib"],
+                            "ours": mine is not None, "deployment": owner["name"] if owner else None,
+                            "release": mine or (owner["release"] if owner else None),
+                            "how": owner["how"] if owner else None})
     return out
 
 
 def op_gpu_holders(req):
-    return {"holders": holders(req["deploy_dir"], req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))}
+    """holders(), the selected GPUs' readings, and whether nvidia-smi's process list accounts
+    for their users here (`trusted`: false in a container that sees other pids)."""
+    smi = req.get("nvidia_smi") or "nvidia-smi"
+    found = survey(smi, req.get("devices"))
+    return {"holders": holders(req["deploy_dir"], smi, req.get("devices"), survey_result=found),
+            "gpus": found["gpus"], "trusted": not found["foreign"] and not found["error"]}

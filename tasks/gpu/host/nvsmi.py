@@ -154,6 +154,30 @@ def baseline_limits(baseline):
             if g.get("used_mib") is not None and (devices is None or g["index"] in devices)}
 
 
+def unlisted(gpus, apps):
+    """{index: MiB a GPU uses beyond what nvidia-smi lists per process}: the driver's own, and a
+    dead process's memory while the driver still frees it. Another process's memory is listed,
+    so a neighbour that grows or starts does not move it; a stop waits for it to come back."""
+    listed = {}
+    for a in apps or ():
+        listed[a["gpu"]] = listed.get(a["gpu"], 0) + (a.get("used_mib") or a.get("mib") or 0)
+    return {g["index"]: g["used_mib"] - listed.get(g["index"], 0) for g in gpus or ()
+            if g.get("used_mib") is not None}
+
+
+def unlisted_over(now, limits):
+    """[(index, unlisted MiB)] above their limit ({index: before + tolerance})."""
+    return [(i, now[i]) for i in sorted(limits) if i in now and now[i] > limits[i]]
+
+
+def unlisted_now(nvidia_smi, limits):
+    """unlisted_over of a fresh reading; None if nvidia-smi gave none."""
+    gpus, err = query_gpus(nvidia_smi)
+    if gpus is None:
+        return None
+    return unlisted_over(unlisted(gpus, query_apps(nvidia_smi, gpus)[0]), limits)
+
+
 def gpus_over(nvidia_smi, limits):
     """[(index, used MiB)] of the GPUs above their limit now; None if nvidia-smi gave no
     reading of every one of them."""
@@ -182,6 +206,8 @@ def op_gpu_baseline(req):
         gpus, err = query_gpus(nvidia_smi)
     record = {"taken_at": time.time(), "nvidia_smi": nvidia_smi, "devices": req.get("devices"),
               "gpus": gpus, "error": err}
+    if gpus is not None:  # per GPU, what no listed process accounts for (the supervisor's wait)
+        record["unlisted"] = {str(k): v for k, v in unlisted(gpus, query_apps(nvidia_smi, gpus)[0]).items()}
     path = os.path.join(expand(req["deploy_dir"]), "releases", req["release"], "gpu-baseline.json")
     write_json(path, record, 0o600)
     return record

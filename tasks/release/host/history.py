@@ -9,7 +9,8 @@ import hashlib
 import os
 
 from . import launch, release_dirs
-from ...transport.host.common import (EXIT_FILE, STOP_FILE, HostError, expand, read_exit, read_json, server_alive)
+from ...transport.host.common import (EXIT_FILE, STOP_FILE, HostError, expand, read_exit, read_json)
+from ...steps.host.identity import server_alive
 from ...steps.host.logs import resolve
 
 PROFILE_MAX_BYTES = 1 << 20

@@ -1,10 +1,10 @@
 """Running a release's launch.py (no shell), pointing `current` at it, pruning.
 
-launch.py runs as its own process, `PYTHON launch.py` with the profile's interpreter, as a
-user would rerun it by hand: stdin /dev/null, stdout and stderr read here, no descriptor of
-the agent's inherited (the deploy lock and the SSH channel stay with the agent). It forks
-the reaper that leads the server's session and returns at once, printing the server record
-as its last line of output.
+launch.py runs as its own process, `PYTHON -I -S launch.py` with the profile's interpreter
+(LAUNCHER_FLAGS; run by hand without them it restarts itself so): stdin /dev/null, stdout
+and stderr read here, no descriptor of the agent's inherited (the deploy lock and the SSH
+channel stay with the agent). It forks the reaper that leads the server's session and returns
+at once, printing the server record as its last line of output.
 """
 import errno
 import json
@@ -14,8 +14,13 @@ import subprocess
 from ...transport.host.common import HostError, expand
 from .release_dirs import FAILED_FILE, KEEP_RELEASES, point_current, prune
 from ...transport.host.common import utc_iso, write_json
+from ...runtime.host import runtimes
 
 LAUNCH_TIMEOUT_S = 60
+# Isolated, without site: neither the host's PYTHONPATH/PYTHONHOME nor a site's .pth files nor a
+# file in the release directory can change what launch.py and its supervisor import. The
+# server's own environment is untouched (launch.py passes it on as it is).
+LAUNCHER_FLAGS = ("-I", "-S")
 
 # Why a server's command could not even be executed, by errno: (cause, fix), `{argv0}` the
 # program. Anything else: the system's own words. (execve(2) lists them.)
@@ -72,6 +77,14 @@ def op_launch(req):
     point_current(ddir, release)
     python = req.get("python") or "python3"
     fix = LAUNCHER_FIX.format(python=python, launcher=launcher)
+    runtime, spec = runtimes.for_release(rpath)
+    if runtime is not None:  # a systemd unit or a container runs it (tasks/runtime/host/)
+        try:
+            record = runtime.launch(ddir, rpath, spec, python)
+        except HostError as e:
+            raise failed(rpath, e.data.get("rule") or "runtime-failed", str(e), e.data.get("fix") or fix,
+                         line=e.data.get("line")) from None
+        return {"server": record, "pruned": prune(ddir, int(req.get("keep", KEEP_RELEASES)))}
     try:
         code, out, err = run_launcher(python, launcher)
     except HostError as e:  # the interpreter cannot run, or launch.py hangs
@@ -92,10 +105,10 @@ def op_launch(req):
 
 
 def run_launcher(python, launcher):
-    """(exit code, stdout, stderr) of `python launcher`. close_fds (subprocess's default)
+    """(exit code, stdout, stderr) of `python -I -S launcher`. close_fds (subprocess's default)
     keeps the agent's descriptors out of it and of the server it starts."""
     try:
-        proc = subprocess.run([python, launcher], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        proc = subprocess.run([python, *LAUNCHER_FLAGS, launcher], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise HostError("launch.py did not return within %g s" % LAUNCH_TIMEOUT_S)

@@ -1,1 +1,1 @@
-"""The runtimes' host halves (shipped: standard library only, Python 3.9+)."""
+"""The runtimes' host halves: systemd units and containers (shipped: standard library only, Python 3.9+)."""

@@ -22,7 +22,7 @@ import re
 import subprocess
 import time
 
-from ...transport.host.common import HostError, pid_alive, utc_iso, which, write_json
+from ...transport.host.common import HostError, pid_alive, read_json, utc_iso, which, write_json
 
 ENGINES = ("podman", "docker")
 ENGINE_TIMEOUT_S = 60.0    # one run/inspect/rm of the engine; `stop` adds the grace
@@ -129,7 +129,7 @@ def _pidns(pid):
         return None
 
 
-def pids(server):
+def pids(ddir, server):
     """Host pids of every process in the container of `server` (server.json): those sharing its
     init's PID namespace, init included ([] when it does not run). nvidia-smi reports these."""
     info = inspect(server["runtime"], server["container"])
@@ -169,7 +169,7 @@ def _pgid(pid):
         return None
 
 
-def launch(here, argv, env, spec):
+def _start(here, argv, env, spec):
     """Start release directory `here` in its container; returns the server record (server.json),
     or {"error", "rule", "fix"} when the engine refused (launch.py reports it like a failed exec)."""
     name, engine = spec["name"], spec["engine"]
@@ -225,7 +225,7 @@ def _run_fix(engine, image, err):
     return "run the engine's command by hand on the host to see why (%s run ... %s)" % (engine, image)
 
 
-def state(server):
+def inspect_state(server):
     """The container's {name, id, status, exit_code, restarts, running, pid} (status "missing"
     when the engine has no such container)."""
     info = inspect(server["runtime"], server["container"])
@@ -268,10 +268,10 @@ def returncode(exit_code):
     return exit_code
 
 
-def stop(ddir, server, grace):
+def _stop(ddir, server, grace):
     """The engine's stop with `grace` as its timeout (TERM to the init, which passes it on, then
     KILL); afterwards no process of the container is left. The answer has procs.stop's shape."""
-    before = pids(server)
+    before = pids(ddir, server)
     if not before and not alive(ddir, server):
         return {"already_stopped": True, "server": server, "terminated": [], "killed": [], "survivors": []}
     from ...transport.host.common import cmdline
@@ -280,7 +280,7 @@ def stop(ddir, server, grace):
     _engine(server["runtime"], "stop", "--time", str(int(math.ceil(grace))), server["container"],
             timeout=grace + ENGINE_TIMEOUT_S)
     seconds = round(time.monotonic() - t0, 3)
-    st = state(server)
+    st = inspect_state(server)
     survivors = [p for p in before if pid_alive(p)]
     killed = before if st["exit_code"] == 137 else []
     rdir = os.path.join(ddir, "releases", server.get("release") or "")
@@ -302,7 +302,7 @@ def _rec(check, status, message):
     return {"check": check, "status": status, "message": message}
 
 
-def check(spec):
+def _check(spec):
     """Preflight records: the engine answers (and its version), the image is on the host, the
     GPUs can reach a container. A FAIL names what is missing and how to get it."""
     engine = spec["engine"]
@@ -375,3 +375,60 @@ def engine_probe(spec, engine, python, env):
         return engineid.in_server_env(engine, python, {}, argv_prefix=probe_argv(spec, python, path))
     finally:
         os.unlink(path)
+
+
+# -- the runtime contract (tasks/runtime/host/runtimes.py) ---------------------------------
+
+def check(req):
+    """The preflight's runtime records for runtime_spec (tasks/runtime/container.py preflight)."""
+    return _check(req.get("runtime_spec") or {})
+
+
+def _launcher(rpath):
+    """The release's launch.py as a module (its ARGV, ENV, ...); importing runs nothing."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("llmfab_release_launch", os.path.join(rpath, "launch.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def launch(ddir, rpath, spec, python):
+    """Start the release at rpath in its container (spec: runtime.json); writes server.json and
+    returns its record. Only what the profile gives enters the container: launch.py's ENV, the
+    engine's cache directories, the release's secrets (never the host's environment)."""
+    code = _launcher(rpath)
+    env = dict(code.ENV, LLMFAB_RELEASE=rpath)
+    for name, rel in code.CACHE_ENV.items():
+        env[name] = os.path.join(ddir, rel)
+        os.makedirs(env[name], exist_ok=True)
+    if code.SECRET_NAMES:
+        secrets = read_json(os.path.join(rpath, "secrets.json")) or {}
+        env.update({k: secrets[k] for k in code.SECRET_NAMES if k in secrets})
+    record = _start(rpath, list(code.ARGV), env, spec)
+    if "error" in record:
+        raise HostError(record["error"], rule=record.get("rule"), fix=record.get("fix"), line=record["error"])
+    write_json(os.path.join(ddir, "server.json"), record)
+    return record
+
+
+def state(ddir, server):
+    """{"alive", "pid", "container": the engine's status, exit code, restarts}; "exit" too once
+    it has ended (its exit code as a returncode). A restart by the engine is written to
+    server.json (alive)."""
+    running = alive(ddir, server)
+    now = read_json(os.path.join(ddir, "server.json")) or server
+    box = inspect_state(now)
+    out = {"alive": running, "pid": now.get("pid"),
+           "container": {k: box.get(k) for k in ("name", "id", "status", "exit_code", "restarts")}}
+    if not running and box["status"] in ("exited", "stopped", "dead"):
+        out["exit"] = {"returncode": returncode(box["exit_code"]), "ended_at": box.get("finished_at")}
+    return out
+
+
+def stop(ddir, server, grace, by):
+    """The engine's stop (see _stop); `by` records the stop in the release first."""
+    if by and alive(ddir, server):
+        from ...steps.host.procs import mark_stopped
+        mark_stopped(ddir, server, by)
+    return _stop(ddir, server, grace)

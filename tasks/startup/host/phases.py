@@ -31,13 +31,12 @@ and the slower-phase WARN (tasks/startup/estimate.py). `startup_last` answers on
 previous start, before a launch. Standard library only; Python >= 3.9.
 """
 import hashlib
-import json
 import os
 import re
 import time
 
 from ...release.host import release_dirs
-from ...transport.host.common import expand, read_json
+from ...transport.host.common import expand, read_json, write_json
 from ...steps.host.probe import read_log
 
 STARTUP_FILE = "startup.json"
@@ -430,10 +429,7 @@ def op_startup(req):
            "ready_s": round(ready_at - launched_at, 2),
            "phases": phases(parser, ready_at) if engine != "command" else [],
            "compile_cache": compile_cache(parser.cache, req.get("cache_before"))}
-    tmp = os.path.join(rdir, STARTUP_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(rec, f)
-    os.replace(tmp, os.path.join(rdir, STARTUP_FILE))
+    write_json(os.path.join(rdir, STARTUP_FILE), rec)
     prev = previous(ddir, req["release"], rec["profile_sha256"], rec["engine_version"])
     return {"startup": rec, "previous": prev}
 

@@ -30,7 +30,7 @@ def op_lock(req):
     locks = CONTEXT.setdefault("locks", {})
     if path in locks:
         return {"path": path}
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # never a planted link
     ended = preempted = None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

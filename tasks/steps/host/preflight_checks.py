@@ -9,6 +9,7 @@ import sys
 from . import engineid, modelcheck, probe
 from ...runtime.host import container
 from ...gpu.host import nvsmi
+from ...runtime.host import runtimes
 from ...transport.host.common import group_members, which
 MIN_DISK_FREE_MIB = 16  # below this a release, let alone its log, may not fit
 
@@ -87,12 +88,46 @@ def _engine_in_server_env(engine, python, env, spec=None):
     return dict(_rec("engine", "OK", text), engine=record)
 
 
+def _incomplete(path):
+    """What a model directory `fab pull` fills lacks (None: nothing): its record of a finished
+    pull (.llmfab-manifest.json), a file that record lists (or of another size), or a partial
+    file (.NAME.llmfab-part) still there. Sizes only: `fab pull --verify` re-hashes."""
+    from ...weights.host.receiver import LEGACY, MANIFEST, PART, read_manifest
+    if not os.path.isdir(path):
+        return None
+    parts = []
+    for top, _, names in os.walk(path):
+        parts += [os.path.relpath(os.path.join(top, n), path) for n in names
+                  if n.startswith(".") and n.endswith(PART)]
+    if parts:
+        return "%d partial file%s of an unfinished pull (%s)" % (
+            len(parts), "" if len(parts) == 1 else "s", ", ".join(sorted(parts)[:3]))
+    record = read_manifest(path) or read_manifest(path, LEGACY)
+    if record is None:
+        return "no %s (the record a finished `fab pull` writes)" % MANIFEST
+    lacking = []
+    for f in record["files"]:
+        try:
+            if os.path.getsize(os.path.join(path, f["path"])) != f["size"]:
+                lacking.append(f["path"])
+        except (OSError, KeyError, TypeError):
+            lacking.append(str(f.get("path") if isinstance(f, dict) else f))
+    if lacking:
+        return "%d of the %d files its %s lists missing or of another size (%s)" % (
+            len(lacking), len(record["files"]), MANIFEST, ", ".join(lacking[:3]))
+    return None
+
+
 def check_paths(paths, pulled=None):
     """Each model path exists; a missing one with a [weights] source (`pulled`: path ->
     source) names `fab pull` as its fix."""
     out = []
     for key, path in paths:
-        if os.path.exists(path):
+        missing = _incomplete(path) if os.path.exists(path) and path in (pulled or {}) else None
+        if missing:
+            out.append(_rec("path", "FAIL", "%s: %s is incomplete: %s; fix: `fab pull` completes "
+                                            "it from %s ([weights])" % (key, path, missing, pulled[path])))
+        elif os.path.exists(path):
             out.append(_rec("path", "OK", "%s: %s exists" % (key, path)))
         elif path in (pulled or {}):
             out.append(_rec("path", "FAIL", "%s: %s does not exist on this host; fix: `fab pull` "
@@ -144,7 +179,21 @@ def check_disk(deploy_dir, min_free_mib=MIN_DISK_FREE_MIB):
     return _rec("disk", "OK", msg)
 
 
-def check_gpus(nvidia_smi, devices, min_free):
+def _ask_check(g, free, ask):
+    """FAIL when the engine's start-up fraction of this device (tasks/gpu/ask.py) is more than
+    is free, with both numbers and the largest fraction that fits; None when it fits."""
+    want = ask["fraction"] * g["total_mib"]
+    if free >= want:
+        return None
+    fit = max(0.0, int(free / g["total_mib"] * 100 - 2) / 100)  # as failure rule util_fit: 2 points spare
+    return _rec("gpu", "FAIL", "GPU %d: the engine will ask %s %g x %d MiB = %d MiB at start-up%s, but only "
+                "%d MiB is free; set %s to at most %.2f in [server.args], or free the GPU (`fab status` "
+                "names who holds it)" % (g["index"], ask["flag"], ask["fraction"], g["total_mib"], want,
+                                         " (the engine's default)" if ask.get("default") else "", free,
+                                         ask["flag"], fit))
+
+
+def check_gpus(nvidia_smi, devices, min_free, ask=None, held=()):
     gpus = nvsmi.read_gpus(nvidia_smi)
     if gpus is None:
         status = "FAIL" if min_free else "WARN"
@@ -158,23 +207,34 @@ def check_gpus(nvidia_smi, devices, min_free):
     out = []
     for g in chosen:
         free = None if g["used_mib"] is None or g["total_mib"] is None else g["total_mib"] - g["used_mib"]
+        # what this deployment's running server holds comes back before the launch (a redeploy stops it)
+        own = sum(h["mib"] for h in held if h.get("live") and h["gpu"] == g["index"])
+        if free is not None:
+            free += own
         msg = "GPU %d %s: %s MiB free of %s" % (g["index"], g["name"], free, g["total_mib"])
+        if own:
+            msg += " (with the %d MiB this deployment's server gives back)" % own
+        failed = _ask_check(g, free, ask) if ask and free is not None and g["total_mib"] else None
         if min_free and (free is None or free < min_free):
             out.append(_rec("gpu", "FAIL", msg + ", below gpu.min_free_mib = %d; free it with "
                             "`fab kill-gpu-procs`" % min_free))
+        elif failed:
+            out.append(failed)
         else:
             out.append(_rec("gpu", "OK", msg))
     return out
 
 
 def run(req):
-    spec = req.get("container")  # a container runtime: its engine, image and GPU access first
-    runtime = container.check(spec) if spec else []
-    if any(r["status"] == "FAIL" for r in runtime):
+    runtime = runtimes.for_server({"runtime": req.get("runtime")})
+    # systemd or a container engine present and working (tasks/runtime/host/)
+    found = runtime.check(req) if runtime is not None else []
+    spec = req.get("runtime_spec") if req.get("runtime") in container.ENGINES else None
+    if spec and any(r["status"] == "FAIL" for r in found):  # a container that cannot run
         engine = _rec("engine", "WARN", "not looked for: the container cannot run (see above)")
-    else:
+    else:  # in a container, its image's interpreter is asked (container.engine_probe)
         engine = check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"), spec)
-    checks = [check_python()] + runtime + [engine]
+    checks = [check_python()] + (found + [engine] if spec else [engine] + found)
     checks += check_paths(req.get("paths", []), req.get("pulled"))
     checks += modelcheck.run(req.get("models"))
     if (req.get("doctor") or {}).get("method"):  # rules of doctor_rules.py (a speculative method)
@@ -185,23 +245,46 @@ def run(req):
     checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
     if req.get("deploy_dir"):
         checks.append(check_disk(req["deploy_dir"]))
-    checks += check_gpus(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"), req.get("min_free_mib", 0))
+    smi = req.get("nvidia_smi") or "nvidia-smi"
+    held = gpu_holders(req.get("deploy_dir"), smi, req.get("devices"))
+    checks += check_gpus(smi, req.get("devices"), req.get("min_free_mib", 0), req.get("ask"), held)
     if req.get("deploy_dir"):
-        checks += check_orphans(req["deploy_dir"], req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))
+        checks += check_orphans(req["deploy_dir"], held)
+        checks += check_neighbours(held)
     return checks
 
 
-def check_orphans(ddir, nvidia_smi, devices):
-    """A FAIL for each process of this deployment that holds GPU memory while not being part of
-    the live server (an engine child left behind by a killed server); others: check_gpus."""
-    from ...transport.host.common import expand, read_json, server_alive
+def gpu_holders(ddir, nvidia_smi, devices):
+    """gpuprocs.holders of the deployment's GPUs, with `live` (the holder is part of this
+    deployment's running server, which a redeploy stops first); [] without a deploy_dir."""
+    from ...transport.host.common import expand, read_json
+    from .identity import server_alive
     from ...gpu.host.gpuprocs import holders
+    if not ddir or not nvsmi.available(nvidia_smi):
+        return []
     ddir = expand(ddir)
     server = read_json(os.path.join(ddir, "server.json"))
     live = server["release"] if server and server_alive(ddir, server) else None
+    return [dict(h, live=h["ours"] and h["release"] == live) for h in holders(ddir, nvidia_smi, devices)]
+
+
+def check_orphans(ddir, held):
+    """A FAIL for each process of this deployment that holds GPU memory while not being part of
+    the live server (an engine child left behind by a killed server); others: check_gpus."""
     return [_rec("gpu", "FAIL", "GPU %d: pid %d (%s) of release %s holds %s MiB with no server running; "
                  "free it with `fab kill-gpu-procs`" % (h["gpu"], h["pid"], h["name"], h["release"], h["mib"]))
-            for h in holders(ddir, nvidia_smi, devices) if h["ours"] and h["release"] != live]
+            for h in held if h["ours"] and not h["live"]]
+
+
+def check_neighbours(held):
+    """A WARN per other llmfab deployment on the deployment's GPUs: they share the memory."""
+    seen = {}
+    for h in held:
+        if not h["ours"] and h.get("deployment"):
+            seen.setdefault((h["gpu"], h["deployment"], h["release"]), 0)
+            seen[(h["gpu"], h["deployment"], h["release"])] += h["mib"]
+    return [_rec("gpu", "WARN", "GPU %d is shared with another deployment: %s (release %s) holds %d MiB"
+                 % (gpu, name, rel, mib)) for (gpu, name, rel), mib in sorted(seen.items())]
 
 
 def op_preflight(req):

@@ -69,6 +69,52 @@ def _listening_inodes(port):
     return inodes
 
 
+def _address(hex_addr):
+    """/proc/net/tcp{,6}'s local address field as text: IPv4 is one 32-bit word, IPv6 four,
+    each in the host's byte order (little-endian on every host llmfab runs on)."""
+    import socket
+    import struct
+    raw = bytes.fromhex(hex_addr)
+    words = b"".join(struct.pack("<I", struct.unpack(">I", raw[i:i + 4])[0]) for i in range(0, len(raw), 4))
+    if len(words) == 4:
+        return socket.inet_ntop(socket.AF_INET, words)
+    text = socket.inet_ntop(socket.AF_INET6, words)
+    return text[7:] if text.startswith("::ffff:") and "." in text else text
+
+
+def listening_sockets():
+    """{socket inode: (address, port)} of every listening TCP socket in /proc/net/tcp{,6}."""
+    out = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if len(parts) > 9 and parts[3] == "0A":
+                        addr, port = parts[1].rsplit(":", 1)
+                        out[parts[9]] = (_address(addr), int(port, 16))
+        except (OSError, StopIteration, ValueError):
+            continue
+    return out
+
+
+def tree_listeners(root, port=None):
+    """[[address, port]] on which `root`'s process tree listens (only `port`, if given), sorted:
+    what the server really binds, whatever its argv says (`python -m http.server` binds every
+    address without a word)."""
+    by_inode = listening_sockets()
+    found = set()
+    if by_inode:
+        for pid in process_tree(root):
+            for target in fd_targets(pid):
+                if target.startswith("socket:["):
+                    sock = by_inode.get(target[8:-1])
+                    if sock is not None and (port is None or sock[1] == port):
+                        found.add(sock)
+    return [list(s) for s in sorted(found)]
+
+
 def listening_ports():
     """{socket inode: TCP port} of every listening socket in /proc/net/tcp{,6}."""
     out = {}
@@ -164,8 +210,9 @@ def port_in_use(host, port):
     return "a process not visible from here (another PID namespace or user)"
 
 
-def read_log(path, offset, limit=LOG_CHUNK):
-    """New complete lines after byte offset: {offset (new), text, size}. Partial lines wait."""
+def read_log(path, offset, limit=LOG_CHUNK, final=False):
+    """New complete lines after byte offset: {offset (new), text, size}. Partial lines wait,
+    unless `final` (the server is gone: its last line, without a newline, is all it wrote)."""
     try:
         size = os.path.getsize(path)
     except OSError:
@@ -176,6 +223,8 @@ def read_log(path, offset, limit=LOG_CHUNK):
         f.seek(offset)
         data = f.read(limit)
     end = data.rfind(b"\n")
+    if final and len(data) < limit:
+        end = len(data) - 1
     if end < 0:
         if len(data) < limit:
             return {"offset": offset, "text": "", "size": size}
@@ -199,6 +248,8 @@ def op_poll(req):
         out["health"] = status if status is not None else body.decode("utf-8", "replace")
         if status == 200 and req.get("models_path"):
             out["models"] = served_models(req["port"], req["models_path"], host, req.get("api_key"))
+        if req.get("listeners"):  # where it really listens (status's exposure warning)
+            out["listening"] = tree_listeners(pid, req["port"])
     if req.get("nvidia_smi"):
         out["gpus"] = nvsmi.select(nvsmi.read_gpus(req["nvidia_smi"]), req.get("devices"))
     return out

@@ -15,7 +15,9 @@ import time
 from ...gpu.host import nvsmi, gpuprocs
 from ...runtime.host import container
 from ...supervise.host import supervisor_state
-from ...transport.host.common import (MARKER, STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive, pids_marked, proc_read, read_json, release_marker, utc_iso, write_json)
+from ...runtime.host import runtimes
+from ...transport.host.common import (STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive, read_json, utc_iso, write_json)
+from . import identity
 DEFAULT_GRACE_S = 30.0  # SIGTERM -> SIGKILL of every stop (fab stop, deploy, supervisor, Ray): the one default
 KILL_GPU_GRACE_S = 10.0  # fab kill-gpu-procs: SIGTERM -> SIGKILL of processes that are not ours
 KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA process
@@ -23,9 +25,9 @@ REAPER_WAIT_S = 2.0
 
 
 def marked(ddir):
-    """Live pids (seeing this filesystem) whose environment says they belong to a release under ddir."""
-    prefix = release_marker(ddir) + b"/"
-    return pids_marked(lambda item: item.startswith(prefix))
+    """Live pids of this deployment, of any release (identity.py: its cgroup, its session, or
+    the environment marker of an older release)."""
+    return list(identity.members(ddir))
 
 
 def _signal(pids, pgid, sig):
@@ -80,9 +82,7 @@ def stop(ddir, grace, by=None):
     stopped because it failed (its failure stays its explanation)."""
     server = read_json(os.path.join(ddir, "server.json")) or {}
     if container.is_container(server):  # the engine stops its container (runtime/host/container.py)
-        if by and container.alive(ddir, server):
-            mark_stopped(ddir, server, by)
-        return container.stop(ddir, server, grace)
+        return container.stop(ddir, server, grace, by)
     targets, pgid = ours(ddir, server.get("pgid"))
     if not targets:
         return {"already_stopped": True, "server": server or None, "terminated": [], "killed": [],
@@ -165,16 +165,45 @@ def baseline(ddir, server):
 def op_stop(req):
     ddir = expand(req["deploy_dir"])
     server = read_json(os.path.join(ddir, "server.json"))
+    runtime = runtimes.for_server(server)  # a systemd unit or a container (tasks/runtime/host/)
+    if runtime is not None:
+        return _stop_runtime(runtime, ddir, server, req)
     # The supervisor first: once it says "off" it restarts nothing, not even from a backoff.
     supervised = supervisor_state.end(ddir, server)
     base = baseline(ddir, server)
-    before = None
+    before, held, others, trusted = None, None, None, False
     if base and base.get("gpus") and ours(ddir, (server or {}).get("pgid"))[0]:
-        before = nvsmi.read_gpus(base.get("nvidia_smi") or "nvidia-smi")  # for the "8123 -> 3 MiB" lines
+        # what this deployment's own processes hold, per GPU, before they go: the stop is
+        # over when they hold nothing, whatever another deployment on the GPU does meanwhile
+        smi, devices = base.get("nvidia_smi") or "nvidia-smi", base.get("devices")
+        found = gpuprocs.survey(smi, devices)
+        before = found["gpus"]  # for the "8123 -> 3 MiB" lines
+        every = gpuprocs.holders(ddir, smi, devices, survey_result=found)
+        held = [h for h in every if h["ours"]]
+        others = [h for h in every if not h["ours"]]
+        trusted = not found["foreign"] and not found["error"]
     out = stop(ddir, float(req.get("grace", DEFAULT_GRACE_S)), req.get("by", "fab stop"))
+    identity.empty_cgroups(ddir)
     out["supervisor_was"] = supervised
     out["baseline"] = base
     out["gpus_before"] = before
+    out["held"] = held
+    out["held_others"] = others
+    out["trusted"] = trusted
+    if req.get("nvidia_smi"):
+        out["gpus"] = nvsmi.select(nvsmi.read_gpus(req["nvidia_smi"]), req.get("devices"))
+    return out
+
+
+def _stop_runtime(runtime, ddir, server, req):
+    """op_stop for a server its runtime runs: the runtime stops it (systemctl stop, podman stop)
+    with the grace, and the answer carries the same GPU readings as a process's stop."""
+    base = baseline(ddir, server)
+    before = None
+    if base and base.get("gpus") and runtime.pids(ddir, server):
+        before = nvsmi.read_gpus(base.get("nvidia_smi") or "nvidia-smi")
+    out = runtime.stop(ddir, server, float(req.get("grace", DEFAULT_GRACE_S)), req.get("by", "fab stop"))
+    out.update(supervisor_was=None, baseline=base, gpus_before=before)
     if req.get("nvidia_smi"):
         out["gpus"] = nvsmi.select(nvsmi.read_gpus(req["nvidia_smi"]), req.get("devices"))
     return out
@@ -195,12 +224,13 @@ def _signal_one(pid, start, sig):
 
 
 def releases_of(pids):
-    """The release directories whose marker (LLMFAB_RELEASE) these processes carry."""
+    """The release directories these processes belong to (identity.py), where known."""
+    table = identity.Table()
     out = set()
     for pid in pids:
-        for item in (proc_read(pid, "environ") or b"").split(b"\0"):
-            if item.startswith(MARKER):
-                out.add(item[len(MARKER):].decode("utf-8", "surrogateescape"))
+        own = table.owner(pid)
+        if own and own["ddir"]:
+            out.add(os.path.join(own["ddir"], "releases", own["release"]))
     return out
 
 
@@ -221,7 +251,7 @@ def stop_containers(pids, grace):
         ddir = os.path.dirname(os.path.dirname(rdir))
         server = read_json(os.path.join(ddir, "server.json")) or {}
         if container.is_container(server) and server.get("release") == os.path.basename(rdir):
-            container.stop(ddir, server, grace)
+            container.stop(ddir, server, grace, None)
 
 
 def kill(targets, grace, by="fab kill-gpu-procs"):

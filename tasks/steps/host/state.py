@@ -3,9 +3,10 @@
 import os
 import time
 
-from ...runtime.host import container
 from ...supervise.host import supervisor_state
-from ...transport.host.common import expand, read_exit, read_json, server_alive
+from ...runtime.host import runtimes
+from ...transport.host.common import expand, read_exit, read_json
+from .identity import server_alive
 from ...release.host.release_dirs import FAILED_FILE, current_release, releases_sorted
 
 
@@ -28,20 +29,22 @@ def op_state(req):
     current = current_release(ddir)
     out = {"deploy_dir": ddir, "exists": os.path.isdir(ddir), "server": server,
            "current": current, "alive": False, "exit": None, "failed": last_failed(ddir, current)}
+    out["runtime"] = (server or {}).get("runtime") or "process"
+    runtime, now = runtimes.for_server(server), None
+    if runtime is not None:  # a systemd unit or a container: its state says (tasks/runtime/host/)
+        now = runtime.state(ddir, server)
+        out.update({k: v for k, v in now.items() if k in ("unit", "container")})
+        if now.get("pid") and now["pid"] != server.get("pid"):  # restarted by the runtime
+            server = out["server"] = dict(server, pid=now["pid"], pgid=now["pid"])
     if server:
-        out["alive"] = server_alive(ddir, server)
-        if container.is_container(server):  # a restart by the engine brought server.json up to date
-            server = out["server"] = read_json(os.path.join(ddir, "server.json")) or server
+        out["alive"] = now["alive"] if now is not None else server_alive(ddir, server)
         out["exit"] = read_exit(os.path.join(ddir, "releases", server["release"]), server["pid"])
         out["now"] = time.time()
         out["supervisor"] = supervisor_state.read(ddir, server)
         # the start's phases, kept by the deploy that waited for it (startup/host/phases.py)
         out["startup"] = read_json(os.path.join(ddir, "releases", server["release"], "startup.json"))
-        if container.is_container(server):  # the engine's word on it: status, exit code, restarts
-            out["container"] = st = container.state(server)
-            if out["exit"] is None and not out["alive"] and st["status"] in ("exited", "stopped", "dead"):
-                out["exit"] = {"returncode": container.returncode(st["exit_code"]),
-                               "ended_at": st.get("finished_at")}
+        if now is not None and out["exit"] is None and not out["alive"] and now.get("exit"):
+            out["exit"] = now["exit"]  # the runtime's word on how it ended (a container's exit code)
     out["runtime"] = (server or {}).get("runtime") or "process"
     return out
 

@@ -26,7 +26,8 @@ import time
 
 from ...gpu.host import nvsmi
 from ...transport.host.common import CONTEXT, expand, pid_alive, read_exit, read_stop
-from .probe import LOG_CHUNK, http_get, probe_host, read_log, served_models, serving_elsewhere
+from .probe import (LOG_CHUNK, http_get, probe_host, read_log, served_models, serving_elsewhere,
+                    tree_listeners)
 
 TICK_S = 0.05          # how often the host looks: events are seen within ~25 ms on average
 HTTP_EVERY_S = 0.1     # once the port accepts: /health (and /v1/models) at most this often
@@ -103,16 +104,17 @@ class _Log:
     def __init__(self, path, offset):
         self.path, self.offset, self.size, self.parts, self.chars = path, offset, -1, [], 0
 
-    def poll(self):
-        """New text since the last poll ("" if none)."""
+    def poll(self, final=False):
+        """New text since the last poll ("" if none); `final`: the process is gone, so a last
+        line without its newline is read too."""
         try:
             size = os.stat(self.path).st_size
         except OSError:
             return ""
-        if size == self.size:
+        if size == self.size and not (final and size > self.offset):
             return ""
         self.size = size
-        r = read_log(self.path, self.offset)
+        r = read_log(self.path, self.offset, final=final)
         self.offset = r["offset"]
         if r["text"]:
             self.parts.append(r["text"])
@@ -140,7 +142,7 @@ def op_watch(req):
         alive = pid_alive(pid)
         text = log.poll()
         if not alive:
-            log.poll()  # the agent saw the process gone: its last words are in
+            log.poll(final=True)  # the agent saw the process gone: its last words are in
             why = "exited"
             break
         if settle_until is None and hinted(hints, text):
@@ -171,6 +173,8 @@ def op_watch(req):
         if why is None:
             time.sleep(TICK_S)
     state = {"alive": alive, "health": health if isinstance(health, int) else None, "models": models}
+    if alive and health == 200:  # where it really listens, once it answers (deploy's exposure warning)
+        out["listening"] = tree_listeners(pid, port)
     out.update(alive=alive, exit=read_exit(rdir, pid), log=log.result(),
                stopped=None if alive else read_stop(rdir, pid),  # by another task: not a failure
                health=health if alive else None, models=models if alive else None,

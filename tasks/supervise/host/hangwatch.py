@@ -108,12 +108,21 @@ class HangWatch:
         self.host, self.port = cfg["probe_host"], cfg["port"]
         self.health_path, self.metrics_path = cfg["health_path"], cfg.get("metrics_path")
         self.ready = False
+        self.answering = None  # whether the last /health probe got a 200 (None: none yet)
         self.last_ok = self.last_progress = None
         self.last_generated = None
         self.next_at = time.monotonic() + self.interval
 
     def next_probe_in(self):
         return max(0.0, self.next_at - time.monotonic())
+
+    def armed_by(self, ready_at):
+        """Ready as someone else saw it (deploy's startup.json, epoch seconds): the watch is armed
+        from then on, though its own probe never got a 200 (a server stopped right after deploy
+        said ready was otherwise "never ready" for ever, issue 36)."""
+        if not self.ready and ready_at is not None:
+            self.ready = True
+            self.last_ok = time.monotonic() - max(0.0, time.time() - ready_at)
 
     def _get(self, path):
         """(status, body) or (None, None) if nothing answered within the probe timeout."""
@@ -131,7 +140,12 @@ class HangWatch:
         """One look; returns why the server is hung, or None."""
         code, _ = self._get(self.health_path)
         now = time.monotonic()
-        self.next_at = now + self.interval
+        self.answering = code == 200
+        if code == 200:
+            self.ready = True
+        # Until ready, look as often as deploy's wait does: the window in which a server can
+        # answer once and stop before the watch has seen it stays short.
+        self.next_at = now + (self.interval if self.ready else min(0.5, self.interval))
         if code == 200:
             self.ready = True
             self.last_ok = now

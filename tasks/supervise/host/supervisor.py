@@ -1,11 +1,13 @@
 """The supervisor: restarts a release's server on the host when [supervise] is on.
 
-launch.py's reaper (the session leader that outlives the SSH session) imports
-supervise.py beside it, which runs `run()` from this module: shipped into the release
-with the modules it uses as the package llmfab_host/ (tasks/release/launcher.py). It starts the
+launch.py's reaper (the session leader that outlives the SSH session) runs `run()` from this
+module: shipped into the release with the modules it uses as the package llmfab_host/, which
+the reaper imports by path, in launch.py's isolated interpreter (`python -I -S`: nothing of
+the server's or the host's PYTHONPATH, tasks/release/launcher.py). It starts the
 server, and when the server ends (or hangs, see hangwatch.py) it records the attempt in
 restarts.jsonl, stops what is left of it exactly as `fab stop` does (procs.py: TERM the
-group once, grace, KILL, sweep by the LLMFAB_RELEASE marker), waits until GPU memory is
+group once, grace, KILL, sweep by the LLMFAB_RELEASE marker; a SIGCONT first, so that a
+stopped server takes the TERM), waits until GPU memory is
 back to gpu-baseline.json (gpu.py's tolerance), waits the backoff and relaunches the same
 argv and environment, appending to the same server.log after one marker line.
 supervisor.json says where it stands (`fab status` shows it). `fab stop` sends SIGUSR1
@@ -21,8 +23,10 @@ import signal
 import subprocess
 import time
 
-from ...transport.host.common import exit_words, pids_marked, read_json, signal_name, utc_iso, write_json
-from ...gpu.host.nvsmi import baseline_limits, gpus_over
+from ...transport.host.safefile import append, open_append
+from ...transport.host.common import exit_words, read_json, signal_name, utc_iso, write_json
+from ...steps.host import identity
+from ...gpu.host.nvsmi import baseline_limits, gpus_over, tolerance, unlisted_now
 from .hangwatch import HangWatch, fatal_line, load_rules
 from ...steps.host.procs import DEFAULT_GRACE_S, KILL_WAIT_S, stop_own_group
 
@@ -37,6 +41,15 @@ def describe_end(rc):
     return rc, None, exit_words(rc)
 
 
+def resume_group():
+    """SIGCONT to this process's group before it is stopped: a server halted by SIGSTOP (or a
+    debugger) takes the TERM that follows at once, not only the KILL after the whole grace."""
+    try:
+        os.killpg(os.getpgid(0), signal.SIGCONT)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 class Release:
     """The release directory this supervisor runs from (launch.py's directory)."""
 
@@ -44,7 +57,6 @@ class Release:
         self.here = here
         self.ddir = os.path.dirname(os.path.dirname(here))
         self.log_path = os.path.join(here, "server.log")
-        self.marker = ("LLMFAB_RELEASE=" + here).encode()
 
     def read_json(self, name):
         return read_json(os.path.join(self.here, name))
@@ -53,18 +65,20 @@ class Release:
         write_json(os.path.join(self.here, name), data)
 
     def append_jsonl(self, name, record):
-        with open(os.path.join(self.here, name), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append(os.path.join(self.here, name), json.dumps(record) + "\n")
 
     def record_server(self, pid, started_at, port):
         """server.json as launch.py writes it; the pgid (this reaper) stays the same."""
+        ident = self.read_json(identity.IDENTITY_FILE) or {}
+        old = read_json(os.path.join(self.ddir, "server.json")) or {}
         write_json(os.path.join(self.ddir, "server.json"),
                    {"pid": pid, "pgid": os.getpgid(0), "started_at": started_at,
-                    "release": os.path.basename(self.here), "port": port})
+                    "release": os.path.basename(self.here), "port": port, "name": old.get("name"),
+                    "identity": ident.get("identity"), "cgroup": ident.get("cgroup")})
 
     def marked(self):
-        """Live pids (but this one) whose environment carries this release's marker."""
-        return pids_marked(lambda item: item == self.marker)
+        """Live pids (but this one) of this release (identity.py: its cgroup or session)."""
+        return list(identity.members(self.ddir, os.path.basename(self.here)))
 
 
 class Supervisor:
@@ -121,12 +135,15 @@ class Supervisor:
                                 stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, close_fds=True)
         self.started_at = utc_iso()
+        self.launched = time.time()
         self.rel.record_server(proc.pid, self.started_at, self.cfg["port"])
         self.publish(state="running", next_attempt_at=None, attempt=self.attempt)
         return proc
 
     def watch(self, proc):
-        """Until the server exits, hangs or a stop comes: -> (returncode, hang text or None)."""
+        """Until the server exits, hangs or a stop comes: -> (returncode, hang text or None).
+        supervisor.json's `health` says since when /health has (not) answered 200, written
+        when that changes: proof, on the host, that the hang watch is looking."""
         hang = HangWatch(self.cfg) if self.cfg.get("hang_timeout") else None
         while True:
             rc = proc.poll()
@@ -137,9 +154,20 @@ class Supervisor:
             wait = TICK_S if hang is None else hang.next_probe_in()
             if self.sleep(wait) or hang is None:
                 continue
+            if not hang.ready:
+                hang.armed_by(self.ready_seen())
             why = hang.probe()
+            if hang.ready and hang.answering != (self.status.get("health") or {}).get("answering"):
+                self.publish(health={"answering": hang.answering, "since": time.time()})
             if why and proc.poll() is None:
                 return None, why
+
+    def ready_seen(self):
+        """When deploy (or rollback) saw this attempt ready: startup.json's ready_at, written by
+        the agent before the task returns; None before that, or for an earlier attempt."""
+        rec = self.rel.read_json("startup.json") or {}
+        ready_at = rec.get("ready_at")
+        return ready_at if isinstance(ready_at, (int, float)) and ready_at >= self.launched - 1 else None
 
     def end_attempt(self, rc, hang, ended_at):
         exit_, sig, text = describe_end(rc)
@@ -158,15 +186,21 @@ class Supervisor:
         self.publish(state="gave-up", reason=reason, next_attempt_at=None)
 
     def wait_for_gpu(self):
-        """True once every GPU of the baseline is back within tolerance; False on stop or timeout."""
+        """True once the GPUs hold nothing of this release's last attempt; False on stop or timeout.
+        Per GPU, the memory no listed process accounts for (a dead process the driver still
+        frees) back to what it was at launch: another deployment's memory on the GPU is listed,
+        so it changes nothing. A baseline from before that record: the whole device's reading."""
         baseline = self.rel.read_json("gpu-baseline.json") or {}
         limits, smi = baseline_limits(baseline), baseline.get("nvidia_smi") or "nvidia-smi"
         if not limits:
             return True
         self.publish(state="waiting-for-gpu")
         deadline = time.monotonic() + self.cfg["memory_timeout"]
+        base = baseline.get("unlisted")
+        if base is not None:
+            limits = {int(i): m + tolerance(m) for i, m in base.items() if int(i) in limits}
         while True:
-            over = gpus_over(smi, limits)
+            over = unlisted_now(smi, limits) if base is not None else gpus_over(smi, limits)
             if over is not None and not over:
                 return True
             if time.monotonic() >= deadline:
@@ -186,7 +220,7 @@ class Supervisor:
         return min(self.cfg["backoff"] * 2 ** len(self.restart_times), self.cfg["backoff_max"])
 
     def run(self):
-        with open(self.rel.log_path, "ab") as log:
+        with os.fdopen(open_append(self.rel.log_path), "ab") as log:
             try:
                 proc = self.launch(log)
             except OSError as e:  # launch.py reports it and exits 1, as without supervision
@@ -209,7 +243,8 @@ class Supervisor:
                 # KILL, and that is how its attempt ended); then the record. Meanwhile nothing
                 # runs: the attempt's leftovers (an EngineCore outliving its API server holds
                 # the GPU) are being ended, so the state is no longer "running".
-                self.publish(state="waiting-for-gpu")
+                self.publish(state="waiting-for-gpu", health=None)
+                resume_group()
                 stop_own_group(self.rel.marked, self.cfg.get("grace", DEFAULT_GRACE_S), self.sleep)
                 try:
                     proc.wait(KILL_WAIT_S)
@@ -266,7 +301,9 @@ def run(here, argv, env, config, report_fd):
         return sup.run()
     except Exception:
         import traceback
-        with open(sup.rel.log_path, "a") as f:
-            f.write("--- llmfab: the supervisor failed ---\n" + traceback.format_exc())
+        try:
+            append(sup.rel.log_path, "--- llmfab: the supervisor failed ---\n" + traceback.format_exc())
+        except OSError:
+            pass
         sup.give_up("the supervisor failed (traceback in server.log)")
         return 1

@@ -192,18 +192,10 @@ def read_exit(rdir, pid=None):
 def write_atomically(path, data, mode=0o644):
     """Replace `path` with `data` (bytes or text) in one rename: a reader sees the old file or
     the new one, never half of one. The file gets exactly `mode` whatever the umask; on a
-    failure nothing is left behind. Every state file llmfab writes goes through here."""
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
-            os.fchmod(f.fileno(), mode)
-        os.replace(tmp, path)
-    except BaseException:
-        _ignore(os.unlink, tmp)
-        raise
-    return path
+    failure nothing is left behind. Every state file llmfab writes goes through here: never
+    through a link or onto a FIFO or device planted at its name (safefile.replace)."""
+    from .safefile import replace
+    return replace(path, data, mode)
 
 
 def write_json(path, data, mode=0o644):
@@ -273,22 +265,6 @@ def release_marker(ddir, release=None):
     """The marker item's prefix for the releases under ddir (or that one release)."""
     path = os.path.join(ddir, "releases", release) if release else os.path.join(ddir, "releases")
     return MARKER + path.encode()
-
-
-def server_alive(ddir, server):
-    """Is server.json's process still this deployment's server? Alive, and its environment
-    carries the release's marker: after a reboot, or a long time, the kernel may have given
-    its pid to another process, which `fab stop` rightly leaves alone (procs.ours) and
-    `fab status` must not call our server either. The one reader of "is it ours" for both."""
-    pid = (server or {}).get("pid")
-    if server and server.get("container"):  # a container runtime: its engine says (and restarts it)
-        from ...runtime.host import container
-        return container.alive(ddir, server)
-    if not pid or not pid_alive(pid):
-        return False
-    want = release_marker(ddir, server.get("release"))
-    env = (proc_read(pid, "environ") or b"").split(b"\0")
-    return want in env
 
 
 def group_members(pgid):

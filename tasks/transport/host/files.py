@@ -1,10 +1,8 @@
 """Writing files on the host over the agent's channel (op put_file).
 """
 import base64
-import errno
-import os
 
-from .common import HostError
+from .safefile import replace
 
 
 def op_put_file(req):
@@ -17,14 +15,8 @@ def op_put_file(req):
 
 
 def write_file(path, data, mode):
-    """`data` (bytes) to `path` with `mode` whatever the umask; HostError write_failed."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            os.fchmod(f.fileno(), mode)
-    except OSError as e:
-        hint = " (is the disk full?)" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
-        raise HostError("could not write %s: %s%s" % (path, e.strerror or e, hint), kind="write_failed")
+    """`data` (bytes) to `path` with `mode` whatever the umask, in one rename and never through
+    a link or onto a FIFO or device planted there (safefile.replace); HostError write_failed."""
+    replace(path, data, mode)
     return len(data)
 

@@ -65,14 +65,23 @@ OPS = {
     # weights (fab pull)
     "weights_plan": OpInfo("weights.host.receiver", "op_weights_plan", "which model files are present and verified, "
                                                          "which partial; bytes needed and free"),
-    "weights_prepare": OpInfo("weights.host.receiver", "op_weights_prepare", "create the model directories, install "
-                                                               "the receiver, drop stale pull keys"),
-    "weights_grant": OpInfo("weights.host.receiver", "op_weights_grant", "authorise the pull's key from its hosts "
-                                                           "only, as the receiver, with an expiry"),
-    "weights_revoke": OpInfo("weights.host.receiver", "op_weights_revoke", "remove what a pull authorised here"),
+    "weights_lock": OpInfo("weights.host.access", "op_weights_lock", "lock the model directories for this pull, "
+                                                       "or name the running pull that holds one"),
+    "weights_prepare": OpInfo("weights.host.access", "op_weights_prepare", "lock the model directories, create "
+                                                             "them, install the receiver, drop ended pulls' keys"),
+    "weights_grant": OpInfo("weights.host.access", "op_weights_grant", "authorise the pull's key from its hosts "
+                                                         "only, as the receiver, with an expiry"),
+    "weights_revoke": OpInfo("weights.host.access", "op_weights_revoke", "remove what a pull authorised here"),
     "weights_send": OpInfo("weights.host.receiver", "op_weights_send", "stream a verified file to another host over SSH"),
     "weights_manifest": OpInfo("weights.host.receiver", "op_weights_manifest", "remove the earlier pull's files the source "
-                                                                 "lacks, write manifest.json beside the weights"),
+                                                                 "lacks, write .llmfab-manifest.json beside the weights"),
+    # endpoints (several deployments behind one router)
+    "endpoint_facts": OpInfo("endpoint.host.endpoint_ops", "op_endpoint_facts", "what an endpoint's memory plan "
+                                                                "reads: GPUs, weights from safetensors headers"),
+    "endpoint_admin": OpInfo("endpoint.host.endpoint_ops", "op_endpoint_admin", "one call to the endpoint router's "
+                                                                "admin service (park, wake, state)"),
+    "endpoint_http": OpInfo("endpoint.host.endpoint_ops", "op_endpoint_http", "one HTTP request to an endpoint "
+                                                              "member on this host (check completion, sleep)"),
     # Ray clusters
     "ray_address": OpInfo("fleet.host.ray_node", "op_ray_address", "the head node's address"),
     "ray_start": OpInfo("fleet.host.ray_node", "op_ray_start", "start this Ray node (head or worker) detached"),

@@ -15,7 +15,7 @@ import errno
 import hashlib
 import json
 import os
-import re
+import stat
 import subprocess
 import sys
 import time
@@ -23,14 +23,12 @@ import time
 PART = ".llmfab-part"
 STAMPS = ".llmfab-verified.json"
 CHUNK = 1 << 20
-MARK = "llmfab-pull"                     # comment of every authorized_keys line a pull adds
 PULL_DIR = os.path.join("~", ".cache", "llmfab", "pull")
 # Between hosts, AES-GCM first: with AES-NI it costs about half the CPU per byte of
 # OpenSSH's default chacha20-poly1305 (64 MiB host to host on the lab: 0.6 s against 1.5 s);
 # the rest stay as the fallback for an sshd without it.
 CIPHERS = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
            "aes128-ctr,aes256-ctr")
-SAFE = re.compile(r"^[A-Za-z0-9_./+-]+$")  # what may stand in an authorized_keys command=
 
 
 class PullError(Exception):
@@ -66,7 +64,11 @@ def sha256_of(path, h=None, limit=None):
     return h.hexdigest()
 
 
-MANIFEST = "manifest.json"
+# llmfab's record of a pull, beside the weights. A hidden name of its own: a model's own
+# manifest.json (some repos ship one) is a file like any other and is copied. Pulls before
+# this name wrote LEGACY (with "pulled_by": "llmfab"); it is read, and removed once replaced.
+MANIFEST = ".llmfab-manifest.json"
+LEGACY = "manifest.json"
 
 
 def ours(rel):
@@ -80,26 +82,38 @@ def ours(rel):
     return base.startswith(".") and base.endswith(PART)
 
 
-def _walk(root):
-    """Every file under `root`, as paths relative to it (sorted)."""
+def _walk(root, inner=()):
+    """Every file under `root`, as paths relative to it (sorted); not under `inner` (paths
+    relative to `root` of other destinations of the pull nested inside it: theirs)."""
     found = []
+    skip = set(inner)
     for top, subdirs, names in os.walk(root):
-        subdirs.sort()
         rel_top = os.path.relpath(top, root)
+        subdirs[:] = sorted(d for d in subdirs
+                            if (d if rel_top == "." else os.path.join(rel_top, d)) not in skip)
         for name in sorted(names):
             found.append(name if rel_top == "." else os.path.join(rel_top, name))
     return found
 
 
+def read_manifest(root, name=MANIFEST):
+    """The record an earlier `fab pull` wrote in `root` ({source, commit, files}), or None."""
+    try:
+        with open(os.path.join(root, name)) as f:
+            data = json.load(f)
+        if data.get("pulled_by") != "llmfab" or not isinstance(data.get("files"), list):
+            return None
+        return data
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
 def _previous(root):
     """{path: {path, size, sha256}} of the manifest an earlier `fab pull` wrote here, or {}."""
+    data = read_manifest(root) or read_manifest(root, LEGACY) or {"files": []}
     try:
-        with open(os.path.join(root, MANIFEST)) as f:
-            data = json.load(f)
-        if data.get("pulled_by") != "llmfab":
-            return {}
         return {f["path"]: f for f in data["files"]}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (KeyError, TypeError):
         return {}
 
 
@@ -116,16 +130,20 @@ def _still_pulled(root, rel, rec, stamps):
         return False
 
 
-def leftovers(root, wanted, stamps):
+def leftovers(root, wanted, stamps, inner=()):
     """Files under `root` the source (paths `wanted`) lacks: -> (stale, extra). `stale`: an
     earlier pull's, unchanged (the pull removes them); `extra`: anything else (a user's own:
-    never removed, only reported). llmfab's own names are neither."""
+    never removed, only reported). llmfab's own names are neither; nor is what lies under
+    `inner` (the pull's other destinations nested in `root`)."""
     if not os.path.isdir(root):
         return [], []
     prev = _previous(root)
     stale, extra = [], []
-    for rel in _walk(root):
+    for rel in _walk(root, inner):
         if rel in wanted or ours(rel):
+            continue
+        if rel == LEGACY and read_manifest(root, LEGACY) is not None:
+            stale.append(rel)  # an earlier llmfab's record, replaced by MANIFEST
             continue
         if rel in prev and _still_pulled(root, rel, prev[rel], stamps):
             stale.append(rel)
@@ -210,103 +228,6 @@ def op_weights_plan(req):
     return {"dirs": dirs, "ip": ip, "port": port, "receiver": os.path.abspath(__file__)}
 
 
-def op_weights_prepare(req):
-    """Create each model directory and the subdirectories its files go in (`dirs`:
-    [{path, subdirs}]); install this file (the agent's own copy, as it was shipped) as the
-    receiver of pull `pull`; remove what an earlier pull left authorised (`revoke_stale`). -> `receiver`."""
-    try:
-        for d in req["dirs"]:
-            for sub in [""] + list(d.get("subdirs", ())):
-                os.makedirs(os.path.join(d["path"], sub), exist_ok=True)
-    except OSError as e:
-        raise _host_error("cannot create %s: %s" % (d["path"], e.strerror or e), "write_failed")
-    base = os.path.expanduser(PULL_DIR)
-    os.makedirs(base, mode=0o700, exist_ok=True)
-    removed = _revoke(None)
-    receiver = os.path.join(base, "receive.py")
-    tmp = receiver + ".%d.tmp" % os.getpid()
-    with open(__file__, "rb") as src, open(tmp, "wb") as f:
-        f.write(src.read())
-    os.rename(tmp, receiver)
-    with open(os.path.join(base, req["pull"] + ".json"), "w") as f:
-        json.dump({"roots": [d["path"] for d in req["dirs"]]}, f)
-    return {"receiver": receiver, "stale_removed": removed}
-
-
-def _authorized_keys():
-    return os.path.expanduser(os.path.join("~", ".ssh", "authorized_keys"))
-
-
-def op_weights_grant(req):
-    """Authorise the pull's public key `public` here for hosts `sources` (IPs) only, as the
-    forced command `python receive.py PULL` (no pty, no forwarding), expiring at `expiry`
-    (UTC, YYYYMMDDHHMM); and keep its private key `private` here to feed other hosts."""
-    pull = req["pull"]
-    receiver = os.path.join(os.path.expanduser(PULL_DIR), "receive.py")
-    for value in [sys.executable, receiver, pull] + list(req["sources"]):
-        if not SAFE.match(value):
-            raise _host_error("cannot authorise the pull's key: %r holds characters an "
-                              "authorized_keys command may not" % value, "bad_input")
-    opts = ('from="%s",command="%s -S %s %s",no-pty,no-port-forwarding,no-agent-forwarding,'
-            'no-X11-forwarding,no-user-rc,expiry-time="%sZ"'
-            % (",".join(req["sources"]), sys.executable, receiver, pull, req["expiry"]))
-    line = "%s %s %s:%s\n" % (opts, req["public"].strip(), MARK, pull)
-    path = _authorized_keys()
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(line)
-    key = os.path.join(os.path.expanduser(PULL_DIR), pull + ".key")
-    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(req["private"])
-    kh = os.path.join(os.path.expanduser(PULL_DIR), pull + ".known_hosts")
-    with open(kh, "w") as f:
-        f.write("".join(l + "\n" for l in req["known_hosts"]))
-    return {"key": key, "known_hosts": kh}
-
-
-def _revoke(pull):
-    """Remove the authorized_keys lines of pull `pull` (None: of every pull) and its key
-    files; -> how many lines went."""
-    path = _authorized_keys()
-    removed = 0
-    try:
-        with open(path) as f:
-            lines = f.readlines()
-    except OSError:
-        lines = None
-    if lines is not None:
-        def ours(l):
-            tail = l.rstrip("\n").rsplit(" ", 1)[-1]
-            return tail.startswith(MARK + ":") and (pull is None or tail == MARK + ":" + pull)
-        keep = [l for l in lines if not ours(l)]
-        removed = len(lines) - len(keep)
-        if removed:
-            tmp = path + ".llmfab.tmp"
-            with open(tmp, "w") as f:
-                f.writelines(keep)
-            os.chmod(tmp, os.stat(path).st_mode & 0o777)
-            os.rename(tmp, path)
-    base = os.path.expanduser(PULL_DIR)
-    try:
-        names = os.listdir(base)
-    except OSError:
-        names = []
-    for name in names:
-        if name.endswith((".key", ".known_hosts", ".json")) and (
-                pull is None or name.split(".")[0] == pull):
-            try:
-                os.unlink(os.path.join(base, name))
-            except OSError:
-                pass
-    return removed
-
-
-def op_weights_revoke(req):
-    """Remove what pull `pull` authorised here (None: every pull's): -> `removed` lines."""
-    return {"removed": _revoke(req.get("pull"))}
-
-
 def op_weights_send(req):
     """Stream file `rel` of `root` from byte `offset` to host `peer` {ip, port, user} with
     the pull's key, into its receiver; -> the receiver's answer and the seconds taken."""
@@ -356,9 +277,10 @@ def op_weights_manifest(req):
     commit, files (path, size, sha256). -> `removed` (paths), `extra` (what stays)."""
     root = req["path"]
     wanted = {f["path"] for f in req["files"]}
+    inner = req.get("inner", ())
     stamps = _stamps(root)
-    stale, extra = leftovers(root, wanted, stamps)
-    partials = [rel for rel in _walk(root) if rel not in (MANIFEST, STAMPS) and ours(rel)
+    stale, extra = leftovers(root, wanted, stamps, inner)
+    partials = [rel for rel in _walk(root, inner) if rel not in (MANIFEST, STAMPS) and ours(rel)
                 and os.path.basename(rel).endswith(PART)
                 and os.path.join(os.path.dirname(rel), os.path.basename(rel)[1:-len(PART)])
                 not in wanted]
@@ -386,18 +308,32 @@ def _allowed_roots(pull):
         return json.load(f)["roots"]
 
 
-def receive(pull, order, stdin):
-    """Receive one file of pull `pull`: `order` {root, file: {path, size, sha256}, offset};
-    the bytes from `offset` on come on `stdin`. -> {ok, bytes, reason}."""
-    root, f, offset = order["root"], order["file"], int(order["offset"])
-    rel = f["path"]
+def _refused(pull, root, rel):
     if root not in _allowed_roots(pull) or rel.startswith("/") or ".." in rel.split("/"):
         return {"ok": False, "bytes": 0, "reason": "refused: %s/%s is not this pull's" % (root, rel)}
-    part = os.path.join(root, part_name(rel))
+    return None
+
+
+def _take(root, f, offset, stdin, sync=True):
+    """Write file `f` {path, size, sha256} of `root` from `offset` on, its bytes read from
+    `stdin`, into its partial file; verify. -> (answer, partial file) (answer ok: verified,
+    not yet renamed). `sync`: fsync it here (a batch syncs once for all its files)."""
+    part = os.path.join(root, part_name(f["path"]))
     h = hashlib.sha256()
     got = 0
     try:
-        fd = os.open(part, os.O_RDWR | os.O_CREAT, 0o644)
+        # nothing planted under root leads elsewhere: no directory on the way is a link (the
+        # real path stays under root), and the partial file itself is never followed
+        real_root = os.path.realpath(root)
+        if os.path.dirname(os.path.realpath(part)) != os.path.realpath(os.path.dirname(part)) or \
+                not os.path.realpath(os.path.dirname(part)).startswith(real_root.rstrip("/") + "/") and \
+                os.path.realpath(os.path.dirname(part)) != real_root:
+            raise OSError(errno.ELOOP, "a directory above it is a symbolic link")
+        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.ELOOP, "not a regular file")
+        os.set_blocking(fd, True)
         with os.fdopen(fd, "r+b") as out:
             have = os.fstat(out.fileno()).st_size
             if offset > min(have, f["size"]):
@@ -416,26 +352,77 @@ def receive(pull, order, stdin):
                 got += len(data)
                 left -= len(data)
             out.flush()
-            os.fsync(out.fileno())
+            if sync:
+                os.fsync(out.fileno())
     except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.EISDIR):
+            return {"ok": False, "bytes": got, "reason": "refused: %s, or a directory above it under "
+                    "%s, is a symbolic link or not a regular file (llmfab never writes through one; "
+                    "remove it)" % (part, root)}, part
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             return {"ok": False, "bytes": got, "kind": "disk_full",
                     "reason": "disk full writing %s after %d bytes (%d bytes free there)"
-                              % (part, got, _free(root))}
-        return {"ok": False, "bytes": got, "reason": "cannot write %s: %s" % (part, e.strerror or e)}
+                              % (part, got, _free(root))}, part
+        return {"ok": False, "bytes": got, "reason": "cannot write %s: %s" % (part, e.strerror or e)}, part
     size = offset + got
     if size != f["size"]:
-        return {"ok": False, "bytes": got, "reason": "got %d of %d bytes" % (size, f["size"])}
+        return {"ok": False, "bytes": got, "kind": "short",
+                "reason": "got %d of %d bytes" % (size, f["size"])}, part
     if h.hexdigest() != f["sha256"]:
         os.unlink(part)
         return {"ok": False, "bytes": got, "kind": "corrupt",
-                "reason": "sha256 %s, expected %s" % (h.hexdigest(), f["sha256"])}
-    final = os.path.join(root, rel)
-    os.rename(part, final)
-    stamps = _stamps(root)
-    stamps[rel] = [f["sha256"]] + _stamp(os.stat(final))
-    _save_stamps(root, stamps)
-    return {"ok": True, "bytes": got}
+                "reason": "sha256 %s, expected %s" % (h.hexdigest(), f["sha256"])}, part
+    return {"ok": True, "bytes": got}, part
+
+
+def receive(pull, order, stdin):
+    """Receive one file of pull `pull`: `order` {root, file: {path, size, sha256}, offset};
+    the bytes from `offset` on come on `stdin`. -> {ok, bytes, reason}. Or a batch of whole
+    files (`order` {root, batch: true}): `stdin` starts with one JSON line, the files
+    [{path, size, sha256}], then their bytes one after the other; each is written and
+    verified, then all are synced at once and renamed (one receiver for many small files).
+    -> {ok, bytes, files: [{path, ok, bytes, reason}]}."""
+    root = order["root"]
+    if order.get("batch"):
+        return _receive_batch(pull, root, json.loads(stdin.readline()), stdin)
+    f, offset = order["file"], int(order["offset"])
+    refused = _refused(pull, root, f["path"])
+    if refused:
+        return refused
+    answer, part = _take(root, f, offset, stdin)
+    if answer["ok"]:
+        stamps = _stamps(root)
+        os.rename(part, os.path.join(root, f["path"]))
+        stamps[f["path"]] = [f["sha256"]] + _stamp(os.stat(os.path.join(root, f["path"])))
+        _save_stamps(root, stamps)
+    return answer
+
+
+def _receive_batch(pull, root, files, stdin):
+    out, total, done = [], 0, []
+    for f in files:
+        refused = _refused(pull, root, f["path"])
+        if refused:
+            out.append(dict(refused, path=f["path"]))
+            break  # its bytes are not read: what follows would be misread
+        answer, part = _take(root, f, 0, stdin, sync=False)
+        total += answer["bytes"]
+        out.append(dict(answer, path=f["path"]))
+        if answer["ok"]:
+            done.append((f, part))
+        elif answer.get("kind") != "corrupt":
+            break  # short or unwritable: the stream is no longer at a file's start
+    if done:
+        os.sync()  # one flush for the batch, before any final name
+        stamps = _stamps(root)
+        for f, part in done:
+            final = os.path.join(root, f["path"])
+            os.rename(part, final)
+            stamps[f["path"]] = [f["sha256"]] + _stamp(os.stat(final))
+        _save_stamps(root, stamps)
+    for f in files[len(out):]:
+        out.append({"path": f["path"], "ok": False, "bytes": 0, "reason": "not received (an earlier file of its batch failed)"})
+    return {"ok": all(a["ok"] for a in out), "bytes": total, "files": out}
 
 
 def _words(e):

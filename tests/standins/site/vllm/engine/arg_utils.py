@@ -73,6 +73,7 @@ def add_cli_args(parser):
     model.add_argument("--max-model-len", type=optional_type(human_readable_int), default=None)
     model.add_argument("--quantization", "-q", type=optional_type(str), default=None)
     model.add_argument("--enforce-eager", action=BOOL, default=False)
+    model.add_argument("--enable-sleep-mode", action=BOOL, default=False)
     model.add_argument("--max-logprobs", type=int, default=20)
     model.add_argument("--revision", type=optional_type(str), default=None)
     model.add_argument("--hf-overrides", type=union_dict_and_str, default={})

@@ -48,6 +48,63 @@ def _frames(*frames):
     return text
 
 
+class SleepMode:
+    """vLLM's sleep mode as the H200 showed it (vLLM 0.26.0, tiny Llama; DOMAIN facts in
+    docs/endpoint.md): POST /sleep?level=1 answers after ~0.41 s with the engine's weights and
+    KV cache given back (the server's own share, the CUDA context, stays); GET /is_sleeping;
+    POST /wake_up answers after ~0.06 s with the memory taken again. While asleep /health
+    stays 200 and a completion waits unanswered. Level 2 also discards the weights: after a
+    wake every completion's text is empty. STANDIN_SLEEP_S / STANDIN_WAKE_S change the times."""
+
+    def __init__(self, server, state):
+        self.server, self.state = server, state
+        self.level = 0
+        self.sleep_s = float(os.environ.get("STANDIN_SLEEP_S", "0.41"))
+        self.wake_s = float(os.environ.get("STANDIN_WAKE_S", "0.06"))
+
+    def attach(self):
+        self.state.routes["/is_sleeping"] = lambda st: (200, {"is_sleeping": self.level > 0})
+        self.state.post_routes["/sleep"] = self.sleep
+        self.state.post_routes["/wake_up"] = self.wake_up
+
+    def sleep(self, state, query):
+        level = 1
+        for part in query.split("&"):
+            if part.startswith("level="):
+                try:
+                    level = int(part[6:])
+                except ValueError:
+                    level = -1
+        if not 0 <= level <= 2:
+            return 422, {"detail": [{"type": "less_than_equal", "loc": ["query", "level"],
+                                     "msg": "Input should be less than or equal to 2"}]}
+        t0 = time.monotonic()
+        state.awake.clear()
+        if self.level == 0:
+            self.server.child.set_asleep(True)
+        self.level = max(self.level, level)
+        if level == 2:
+            state.engine.weights_lost = True
+        time.sleep(max(0.0, self.sleep_s - (time.monotonic() - t0)))
+        mib = self.server.knobs.gpu_mib
+        log("It took %.2f seconds to fall asleep." % (time.monotonic() - t0), "gpu_worker.py:133",
+            prefix=self.server.core)
+        log("Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in use."
+            % ((mib - mib // 4) / 1024, (mib // 4) / 1024), "gpu_worker.py:141", prefix=self.server.core)
+        return 200, {"status": "sleeping", "level": level}
+
+    def wake_up(self, state, query):
+        t0 = time.monotonic()
+        if self.level > 0:
+            self.server.child.set_asleep(False)
+        time.sleep(max(0.0, self.wake_s - (time.monotonic() - t0)))
+        self.level = 0
+        state.awake.set()
+        log("It took %.2f seconds to wake up tags {'kv_cache', 'weights'}." % (time.monotonic() - t0),
+            "gpu_worker.py:164", prefix=self.server.core)
+        return 200, {"status": "awake", "tags": None}
+
+
 class Server:
     def __init__(self, args, parser_defaults=None):
         self.args = args
@@ -136,6 +193,13 @@ class Server:
         spec_k = self._check_spec(spec)
 
         cpu = is_cpu_build()
+        if a.enable_sleep_mode and cpu:  # vllm/config/model.py: the CPU platform has no sleep mode
+            self.api_traceback(
+                [(os.path.join(HERE, "config/model.py"), 657, "__post_init__",
+                  'raise ValueError("Sleep mode is not supported on current platform.")')],
+                "ValueError: Sleep mode is not supported on current platform.")
+        if a.enable_sleep_mode:
+            log("Enabling cumem allocator because sleep mode requires it.", "model.py:659")
         gpus = [] if cpu else visible_gpus()
         if not gpus and not cpu:
             self.api_traceback(
@@ -306,6 +370,11 @@ class Server:
         state = http.ServerState(engine, served, api_key=api_key, version=vllm.__version__,
                                  log_prefix=self.api,
                                  access_log=not a.disable_uvicorn_access_log)
+        if os.environ.get("VLLM_SERVER_DEV_MODE") == "1":
+            log("SECURITY WARNING: Development endpoints are enabled! This should NOT be used in "
+                "production!", "api_server.py:1100", "WARNING")
+            if a.enable_sleep_mode:
+                SleepMode(self, state).attach()
         log("Starting vLLM server on http://%s:%d" % (a.host or "0.0.0.0", a.port), "entry.py:140")
         server = http.start_http(state, sock)
         start_hang(state, server)

@@ -1,0 +1,306 @@
+"""`fab deploy|status|stop|tail-log|bench|sleep|wake` on an endpoint profile (tasks/endpoint/profile.py).
+
+deploy: the GPU memory plan on every host first (nothing starts when it does not fit: exit 1
+with the numbers), then each member in order as the ordinary deployment it is (on every host
+before the next member), its known greedy completion recorded at ready, parked right away
+where the profile says so, then the router (HAProxy, an ordinary engine = "command"
+deployment). The other tasks run the ordinary task on each member and on the router, each
+under its name; sleep and wake ask the router's parking hook.
+"""
+import dataclasses
+import json
+import re
+import sys
+
+from ..errors import ExitCode, LlmfabError, OperationFailed, TaskFailed
+from ..fleet.fanout import HostResult
+
+# The raw text of a completion's first choice, extracted exactly as llmfab_park.lua does.
+TEXT_RE = re.compile(rb'"text"\s*:\s*"(.*?)"\s*[,}]', re.S)
+
+
+def _say(text):
+    sys.stdout.flush()
+    print(text, flush=True)
+
+
+def _hosts(c, ep):
+    hosts = list(c.config.get("llmfab_hosts") or []) or list(ep.hosts) \
+        or list(ep.members[0].profile.target.hosts) or ["local"]
+    return list(dict.fromkeys(hosts))
+
+
+def _with_hosts(c, hosts):
+    """The Invoke context with -H set to `hosts` (members' tasks then run on the endpoint's hosts)."""
+    c.config["llmfab_hosts"] = list(hosts)
+    return c
+
+
+def _run_body(module, function, c, opts):
+    import importlib
+    body = getattr(importlib.import_module(f"..{module}", __package__), function)
+    return body(c, opts)
+
+
+def _each(c, ep, opts, module, function, title, *, router=True, reverse=False):
+    """Run one ordinary task on every member (and the router), each named; the worst code."""
+    from .profile import write_router_profile
+    import tempfile
+    hosts = _hosts(c, ep)
+    _with_hosts(c, hosts)
+    targets = [(f"member {m.name}", str(m.path)) for m in ep.members]
+    if router:
+        rpath = write_router_profile(ep, tempfile.mkdtemp(prefix=f"llmfab-endpoint-{ep.name}-"), hosts)
+        targets.append((f"router {ep.name} (HAProxy on port {ep.port})", str(rpath)))
+    if reverse:
+        targets.reverse()
+    worst = 0
+    for label, path in targets:
+        _say(f"== endpoint {ep.name}: {label} ({title}) ==")
+        try:
+            _run_body(module, function, c, dataclasses.replace(opts, profile=path))
+        except LlmfabError as e:
+            if e.message:
+                _say(f"error: {e.message}")
+            worst = max(worst, int(e.code))
+    return worst
+
+
+def _admin(c, ep, opts, path, method="GET"):
+    """{host: {status, body|error}} from the router's admin service on every host."""
+    from ..fleet.runner import run_hosts
+    from ..output import Reporter
+    hosts = _hosts(c, ep)
+    reporter = Reporter(hosts, json_mode=getattr(opts, "json", False))
+    answers = {}
+
+    def op(host, rep):
+        host.start()
+        answers[host.name] = host.call("endpoint_admin", port=ep.admin_port, path=path, method=method)
+        return HostResult(host.name)
+    run_hosts(c, ep.members[0].profile, op, opts, reporter, hosts=hosts)
+    return answers
+
+
+# -- deploy ---------------------------------------------------------------------------------
+
+def plan_on_hosts(c, ep, opts):
+    """The memory plan on every host; OperationFailed (exit 1) with the numbers when one does
+    not fit. Returns {host: plan_json}."""
+    from ..fleet.runner import run_task
+    from .plan import make_plan, plan_json, plan_lines
+    models = []
+    for m in ep.members:
+        models.append(m.profile.server.model)
+        spec = dict(m.profile.server.args).get("speculative-config")
+        if isinstance(spec, dict) and isinstance(spec.get("model"), str):
+            models.append(spec["model"])
+    first = ep.members[0].profile
+    plans = {}
+
+    def op(host, reporter):
+        host.start()
+        facts = host.call("endpoint_facts", nvidia_smi=first.gpu.nvidia_smi, models=[m for m in models if m])
+        if facts["gpus"] is None:
+            reporter.line(host.name, f"no GPU reading ({facts.get('gpu_error')}): no memory plan")
+            plans[host.name] = []
+            return HostResult(host.name, summary="no GPUs: not planned")
+        plan = make_plan(ep, facts["gpus"], facts["weights"])
+        plans[host.name] = plan_json(plan)
+        reporter.lines(host.name, plan_lines(plan))
+        short = [p for p in plan if not p.fits]
+        if short:
+            raise OperationFailed(
+                "the members do not fit: " + "; ".join(
+                    f"GPU {p.index} needs {p.peak_mib:.0f} MiB (while {p.peak_at} starts), "
+                    f"{p.free_mib} MiB free" for p in short)
+                + ". Nothing was started: lower a member's --kv-cache-memory-bytes or "
+                  "gpu-memory-utilization, park members ([endpoint.parked]), or free the GPU")
+        return HostResult(host.name, summary="memory plan fits")
+    run_task(c, first, op, opts, title="endpoint memory plan", hosts=_hosts(c, ep))
+    return plans
+
+
+def record_checks(c, ep, m, opts):
+    """Each host's known greedy completion of member `m`, right after its ready (the text a
+    wake must give again). {host: raw text}."""
+    from ..fleet.runner import run_task
+    from .router import check_body
+    texts = {}
+    prof = m.profile
+
+    def op(host, reporter):
+        host.start()
+        r = host.call("endpoint_http", host_addr=prof.server.host, port=prof.server.port,
+                      path="/v1/completions", method="POST", body=check_body(prof.served_name))
+        match = TEXT_RE.search((r.get("text") or "").encode("utf-8", "surrogateescape"))
+        if r.get("status") != 200 or not match:
+            raise OperationFailed(f"member {m.name}: its check completion answered "
+                                  f"{r.get('status') or r.get('error')}: not recorded")
+        texts[host.name] = match.group(1).decode("utf-8", "surrogateescape")
+        return HostResult(host.name, summary=f"{m.name}: check completion recorded")
+    run_task(c, prof, op, opts, title=f"record {m.name}", hosts=_hosts(c, ep))
+    return texts
+
+
+def park_now(c, ep, m, opts):
+    """Sleep member `m` (level 1) on every host, straight after its start (the router is not
+    up yet); the router finds it asleep and keeps it in maintenance until a request wakes it."""
+    from ..fleet.runner import run_task
+    prof = m.profile
+
+    def op(host, reporter):
+        host.start()
+        r = host.call("endpoint_http", host_addr=prof.server.host, port=prof.server.port,
+                      path="/sleep?level=1", method="POST", body="")
+        if r.get("status") != 200:
+            raise OperationFailed(f"member {m.name}: /sleep?level=1 answered {r.get('status') or r.get('error')}")
+        return HostResult(host.name, summary=f"{m.name}: parked ({r['seconds']:.2f} s)")
+    run_task(c, prof, op, opts, title=f"park {m.name}", hosts=_hosts(c, ep))
+
+
+def deploy(c, opts, ep):
+    from ..deploy import deploy as deploy_one
+    from .profile import write_router_profile
+    import tempfile
+    hosts = _hosts(c, ep)
+    _with_hosts(c, hosts)
+    if opts.dry_run:
+        for m in ep.members:
+            _say(f"== endpoint {ep.name}: member {m.name} ==")
+            deploy_one(c, dataclasses.replace(opts, profile=str(m.path)))
+        return None
+    plan_on_hosts(c, ep, opts)
+    expects = {}
+    for i, m in enumerate(ep.members):
+        _say(f"== endpoint {ep.name}: member {m.name} ({i + 1}/{len(ep.members)}) ==")
+        try:
+            deploy_one(c, dataclasses.replace(opts, profile=str(m.path)))
+        except LlmfabError:
+            started = ", ".join(x.name for x in ep.members[:i]) or "none"
+            _say(f"error: member {m.name} did not start (above). Members running: {started}; "
+                 f"the router was not started. Fix it and run the endpoint's deploy again.")
+            raise
+        if not opts.no_wait:
+            texts = record_checks(c, ep, m, opts)
+            expects[m.name] = next(iter(texts.values()), None)
+            if m.parked:
+                park_now(c, ep, m, opts)
+    _say(f"== endpoint {ep.name}: router (HAProxy on {ep.host}:{ep.port}) ==")
+    rdir = tempfile.mkdtemp(prefix=f"llmfab-endpoint-{ep.name}-")
+    rpath = write_router_profile(ep, rdir, hosts, expects=expects)
+    deploy_one(c, dataclasses.replace(opts, profile=str(rpath)))
+    return None
+
+
+# -- sleep, wake, status ---------------------------------------------------------------------
+
+def park(c, opts, ep, action):
+    """`fab sleep` / `fab wake`: ask the router's hook on every host, each member named."""
+    from .profile import parked_member
+    members = parked_member(ep, opts.member)
+    worst = 0
+    for m in members:
+        answers = _admin(c, ep, opts, f"/{action}?member={m.name}", method="POST")
+        for host, a in answers.items():
+            body = a.get("body") or {}
+            if a.get("status") == 200:
+                verb = "parked" if action == "sleep" else "awake"
+                _say(f"{host}: {m.name}: {verb} in {body.get('seconds', 0):.2f} s")
+            else:
+                worst = ExitCode.FAILED
+                why = body.get("error") if isinstance(body, dict) else None
+                why = why or a.get("error") or f"HTTP {a.get('status')}"
+                if a.get("status") is None:
+                    why = f"the router's admin port {ep.admin_port} does not answer ({why}): is the endpoint deployed?"
+                _say(f"{host}: {m.name}: {action} failed: {why}")
+    if worst:
+        raise TaskFailed(worst)
+
+
+def park_state_lines(ep, answers):
+    from .plan import fact
+    out = []
+    for host, a in answers.items():
+        body = a.get("body")
+        if a.get("status") != 200 or not isinstance(body, dict):
+            out.append(f"{host}: parking state unknown: the router's admin port {ep.admin_port} "
+                       f"answered {a.get('status') or a.get('error')}")
+            continue
+        import time
+        for m in ep.members:
+            st = body.get(m.name) or {}
+            ago = time.time() - st["last_use"] if st.get("last_use") else None
+            state = "asleep" if st.get("asleep") else "awake"
+            keeps = f", keeps ~{fact('asleep_mib')} MiB per GPU asleep" if (m.parked or m.idle_s) else ""
+            extra = "".join([
+                f", last wake {st['last_wake_s']:.2f} s" if st.get("last_wake_s") is not None else "",
+                f", parks after {m.idle_s:.0f} s idle" if m.idle_s else "",
+                f", ERROR: {st['error']}" if st.get("error") else ""])
+            out.append(f"{host}: {m.name} ({m.profile.served_name}): {state}, last use "
+                       f"{'never' if ago is None else f'{ago:.0f} s ago'}, wakes {st.get('wakes', 0)}"
+                       f"{extra}{keeps}")
+    return out
+
+
+def status(c, opts, ep):
+    worst = _each(c, ep, opts, "status", "status", "status")
+    _say(f"== endpoint {ep.name}: parking ==")
+    answers = _admin(c, ep, opts, "/state")
+    if opts.json:
+        print(json.dumps({"endpoint": ep.name, "port": ep.port, "parking": answers}))
+    for line in park_state_lines(ep, answers):
+        _say(line)
+    if worst:
+        raise TaskFailed(worst)
+
+
+def run_on_each(c, opts, ep, task):
+    module, function, router, reverse = {
+        "stop": ("stop", "stop", True, True),
+        "tail-log": ("tail_log", "tail_log", True, False),
+        "bench": ("bench", "bench", False, False),
+    }[task]
+    worst = _each(c, ep, opts, module, function, task, router=router, reverse=reverse)
+    if worst:
+        raise TaskFailed(worst)
+
+
+ENDPOINT_TASKS = ("deploy", "status", "stop", "tail-log", "bench", "sleep", "wake")
+
+
+def dispatch(c, name, opts):
+    """The endpoint's body of task `name`, or None when opts.profile is no endpoint profile
+    (the ordinary task runs). The one hook in tasks/cli.py."""
+    from ..fleet.runner import load  # noqa: F401 (the same profile resolution as every task)
+    from ..profile.load import resolve_profile_path
+    from .profile import is_endpoint, load_endpoint
+    cfg = c.config.get("llmfab") or {}
+    path = resolve_profile_path(opts.profile, cfg.get("profile") if hasattr(cfg, "get") else None)
+    if not is_endpoint(path):
+        if name in ("sleep", "wake"):
+            from ..errors import ProfileError
+            raise ProfileError(path, "endpoint", f"an endpoint profile: `fab {name}` parks members of an "
+                                                 "endpoint ([endpoint] members = [...])")
+        return None
+    if name not in ENDPOINT_TASKS:
+        from ..errors import ProfileError
+        raise ProfileError(path, "endpoint", f"a member's own profile: `fab {name}` works on one "
+                                             "deployment (run it with --profile MEMBER.toml)")
+    ep = load_endpoint(path, need_secrets=(name == "deploy" and not opts.dry_run))
+    if name == "deploy":
+        return deploy(c, opts, ep) or 0
+    if name == "status":
+        return status(c, opts, ep) or 0
+    if name in ("sleep", "wake"):
+        return park(c, opts, ep, name) or 0
+    return run_on_each(c, opts, ep, name) or 0
+
+
+def sleep(c, opts):
+    """Body of `fab sleep` (reached through dispatch; an ordinary profile is refused there)."""
+    dispatch(c, "sleep", opts)
+
+
+def wake(c, opts):
+    dispatch(c, "wake", opts)

@@ -1,0 +1,179 @@
+-- llmfab's parking hook for HAProxy (loaded by the endpoint's haproxy.cfg: `lua-load`).
+--
+-- HAProxy routes (by the request's `model`, haproxy.cfg); this file only parks and wakes.
+-- A parked member is its backend's server in maintenance: HAProxy sends it nothing. A request
+-- for it runs `llmfab_wake` first: POST /wake_up on the member, then the known greedy
+-- completion, compared with the one recorded when the member was first seen awake; only when
+-- it matches does the server leave maintenance and the request go on (its wait is the wake).
+-- A member idle for its idle_s is parked by the task below: POST /sleep?level=1, then
+-- maintenance. Level 1 only: level 2 discards the weights (empty text after a wake).
+-- The admin service (a loopback-only port) answers `fab sleep`, `fab wake` and `fab status`.
+-- Members come from members.lua beside haproxy.cfg (written by llmfab).
+
+local M = dofile("members.lua")  -- {name = {backend, addr, port, idle_s, check}}
+local state = {}  -- name -> {asleep, last_use, expect, waking, wakes, last_wake_s, error}
+
+for name, _ in pairs(M) do
+  state[name] = {asleep = false, last_use = core.now().sec, expect = M[name].expect, waking = false,
+                 wakes = 0, sleeps = 0, last_wake_s = nil, last_sleep_s = nil, error = nil}
+end
+
+local function now()
+  local t = core.now()
+  return t.sec + t.usec / 1e6
+end
+
+local function server_of(name)
+  return core.backends[M[name].backend].servers["m"]
+end
+
+local function call(name, method, path, body, timeout_ms)
+  local m = M[name]
+  local hc = core.httpclient()
+  local req = {url = "http://" .. m.addr .. ":" .. m.port .. path, timeout = timeout_ms or 30000,
+               headers = {["content-type"] = {"application/json"}}}
+  if body then req.body = body end
+  local r
+  if method == "POST" then r = hc:post(req) else r = hc:get(req) end
+  return r
+end
+
+-- The text of the member's known greedy completion, as the engine encodes it (no JSON
+-- library in HAProxy's Lua: the raw string between the quotes is compared, byte for byte).
+local function check_text(name)
+  local r = call(name, "POST", "/v1/completions", M[name].check, 60000)
+  if not r or r.status ~= 200 or not r.body then
+    return nil, "check completion answered " .. tostring(r and r.status)
+  end
+  local text = string.match(r.body, '"text"%s*:%s*"(.-)"%s*[,}]')
+  if text == nil then return nil, "check completion had no text" end
+  return text, nil
+end
+
+local function park(name)
+  local st = state[name]
+  if st.asleep then return true, nil end
+  local srv = server_of(name)
+  srv:set_maint()  -- nothing new is sent to it from here on
+  local t0 = now()
+  local r = call(name, "POST", "/sleep?level=1", "", 60000)
+  if not r or r.status ~= 200 then
+    srv:set_ready()
+    st.error = "sleep answered " .. tostring(r and r.status)
+    return false, st.error
+  end
+  st.asleep, st.sleeps, st.last_sleep_s, st.error = true, st.sleeps + 1, now() - t0, nil
+  return true, nil
+end
+
+local function wake(name)
+  local st = state[name]
+  if not st.asleep then return true, nil end
+  if st.waking then  -- another request wakes it: wait for that one
+    local deadline = now() + 120
+    while st.waking and now() < deadline do core.msleep(5) end
+    if st.asleep then return false, st.error or "wake timed out" end
+    return true, nil
+  end
+  st.waking = true
+  local t0 = now()
+  local r = call(name, "POST", "/wake_up", "", 120000)
+  local ok, err = (r and r.status == 200), nil
+  if not ok then err = "wake_up answered " .. tostring(r and r.status) end
+  if ok then
+    local text, cerr = check_text(name)
+    if text == nil then ok, err = false, cerr
+    elseif st.expect ~= nil and text ~= st.expect then
+      ok, err = false, "after the wake the known greedy completion differs from the one recorded at ready"
+    elseif st.expect == nil then st.expect = text end
+  end
+  if ok then
+    st.asleep, st.wakes, st.last_wake_s, st.error = false, st.wakes + 1, now() - t0, nil
+    server_of(name):set_ready()
+  else
+    st.error = err
+  end
+  st.waking = false
+  return ok, err
+end
+
+core.register_action("llmfab_wake", {"http-req"}, function(txn)
+  local name = txn:get_var("txn.member")
+  local st = name and state[name]
+  if not st then return end
+  st.last_use = core.now().sec
+  if st.asleep then
+    local ok, err = wake(name)
+    txn:set_var("txn.wake_error", ok and "" or err)
+  end
+end, 0)
+
+-- Idle parking and the first record of each member's check completion.
+core.register_task(function()
+  while true do
+    for name, m in pairs(M) do
+      local st = state[name]
+      if st.expect == nil and not st.asleep then
+        local r = call(name, "GET", "/is_sleeping", nil, 5000)
+        if r and r.status == 200 and string.find(r.body or "", "true", 1, true) then
+          st.asleep = true
+          server_of(name):set_maint()
+        elseif r and r.status == 200 then
+          st.expect = check_text(name)
+        end
+      end
+      if m.idle_s and m.idle_s > 0 and not st.asleep and not st.waking then
+        local busy = tonumber(server_of(name):get_stats()["scur"] or "0") or 0
+        if busy == 0 and core.now().sec - st.last_use >= m.idle_s then park(name) end
+      end
+    end
+    core.sleep(1)
+  end
+end)
+
+local function q(s)  -- a JSON string
+  return '"' .. string.gsub(tostring(s), '[%c"\\]', function(c)
+    return string.format("\\u%04x", string.byte(c)) end) .. '"'
+end
+
+local function state_json()
+  local parts = {}
+  for name, st in pairs(state) do
+    local fields = {
+      '"asleep":' .. tostring(st.asleep), '"last_use":' .. st.last_use,
+      '"wakes":' .. st.wakes, '"sleeps":' .. st.sleeps,
+      '"recorded":' .. tostring(st.expect ~= nil),
+      '"idle_s":' .. tostring(M[name].idle_s or 0)}
+    if st.last_wake_s then fields[#fields + 1] = '"last_wake_s":' .. string.format("%.3f", st.last_wake_s) end
+    if st.last_sleep_s then fields[#fields + 1] = '"last_sleep_s":' .. string.format("%.3f", st.last_sleep_s) end
+    if st.error then fields[#fields + 1] = '"error":' .. q(st.error) end
+    parts[#parts + 1] = q(name) .. ":{" .. table.concat(fields, ",") .. "}"
+  end
+  return "{" .. table.concat(parts, ",") .. "}"
+end
+
+-- Admin: GET /state; POST /sleep?member=NAME; POST /wake?member=NAME (loopback port only).
+core.register_service("llmfab_admin", "http", function(applet)
+  local code, body = 200, nil
+  local name = string.match(applet.qs or "", "member=([^&]+)")
+  if applet.path == "/state" then
+    body = state_json()
+  elseif (applet.path == "/sleep" or applet.path == "/wake") and applet.method == "POST" then
+    if not name or not M[name] then
+      code, body = 404, '{"error":' .. q("no member " .. tostring(name)) .. '}'
+    else
+      local t0 = now()
+      local ok, err
+      if applet.path == "/sleep" then ok, err = park(name) else ok, err = wake(name) end
+      if ok then body = '{"ok":true,"seconds":' .. string.format("%.3f", now() - t0) .. '}'
+      else code, body = 502, '{"ok":false,"error":' .. q(err) .. '}' end
+    end
+  else
+    code, body = 404, '{"error":"no such admin path"}'
+  end
+  applet:set_status(code)
+  applet:add_header("content-type", "application/json")
+  applet:add_header("content-length", string.len(body))
+  applet:start_response()
+  applet:send(body)
+end)

@@ -1,0 +1,58 @@
+"""Which host module runs a release, and the contract every one of them keeps.
+
+A release of a runtime other than "process" carries runtime.json ({"runtime": name, ...},
+written by the client half, tasks/runtime/); server.json then carries "runtime" and the
+unit's or container's name. The launch, stop, state and process paths ask `for_release` /
+`for_server` once and, for "process" (None), do what they always did.
+
+Each module here offers (ddir: the deployment directory; server: server.json's record):
+- check(req) -> [finding]: the runtime is present and works (systemd is PID 1 and answers;
+  the container engine answers, its version, GPU access); finding = the preflight's record
+  {"check": "runtime", "status": "OK"|"WARN"|"FAIL", "message", "fix" (optional)}; req is
+  the preflight request, with "runtime" and "runtime_spec" (the client's preflight(profile)).
+- launch(ddir, rpath, spec, python) -> the server record written to server.json (with
+  "runtime", "pid", "pgid", "release", "port", "started_at" and "unit" or "container").
+- stop(ddir, server, grace, by) -> procs.stop's answer (terminated, killed, survivors, seconds).
+- state(ddir, server) -> {"alive": bool, "pid": main pid or None, "unit": {name, ActiveState,
+  NRestarts, ...}} or {"alive", "pid", "container": {name, status, exit_code}}.
+- pids(ddir, server) -> [host pids of this deployment] (systemd: the unit's cgroup).
+"""
+import importlib
+import json
+import os
+
+HOST_MODULES = {  # runtime name -> module under the host package ("process": None)
+    "systemd": "runtime.host.systemd_unit",
+    "podman": "runtime.host.container",
+    "docker": "runtime.host.container",
+}
+RUNTIME_FILE = "runtime.json"
+
+
+def _module(name):
+    path = HOST_MODULES.get(name or "process")
+    if path is None:
+        return None
+    root = __name__.rsplit(".", 3)[0]  # llmfab_host here, tasks on the client
+    return importlib.import_module("%s.%s" % (root, path))
+
+
+def spec_of(rpath):
+    """runtime.json of the release directory `rpath`, or None (a "process" release)."""
+    try:
+        with open(os.path.join(rpath, RUNTIME_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def for_release(rpath):
+    """(module, spec) that launches the release at rpath; (None, None) for "process"."""
+    spec = spec_of(rpath)
+    module = _module(spec.get("runtime")) if spec else None
+    return (module, spec) if module else (None, None)
+
+
+def for_server(server):
+    """The module that runs server.json's server, or None ("process", or no server)."""
+    return _module((server or {}).get("runtime"))
