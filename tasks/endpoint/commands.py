@@ -14,14 +14,15 @@ import sys
 
 from ..errors import ExitCode, LlmfabError, OperationFailed, TaskFailed
 from ..fleet.fanout import HostResult
+from ..output import terminal_lines, write_text
 
 # The raw text of a completion's first choice, extracted exactly as llmfab_park.lua does.
 TEXT_RE = re.compile(rb'"text"\s*:\s*"(.*?)"\s*[,}]', re.S)
 
 
 def _say(text):
-    sys.stdout.flush()
-    print(text, flush=True)
+    """A line of the endpoint's own summary; member ids and answers pass the output layer."""
+    write_text(sys.stdout, terminal_lines(text) + "\n")
 
 
 def _hosts(c, ep):
@@ -248,7 +249,7 @@ def status(c, opts, ep):
     _say(f"== endpoint {ep.name}: parking ==")
     answers = _admin(c, ep, opts, "/state")
     if opts.json:
-        print(json.dumps({"endpoint": ep.name, "port": ep.port, "parking": answers}))
+        write_text(sys.stdout, json.dumps({"endpoint": ep.name, "port": ep.port, "parking": answers}) + "\n")
     for line in park_state_lines(ep, answers):
         _say(line)
     if worst:

@@ -32,7 +32,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 PLACEHOLDER = re.compile(r"\b(FILE|N|DIR|TASK|KEY|MS|NAME|P)\b|<|\[|\.\.\.|A\.json|/etc/")
-NEVER = ("--follow", "pull", "rollback")
+NEVER = ("--follow", "pull", "rollback", "sleep", "wake")  # sleep/wake: an endpoint profile, not the demo
 NEVER_EXACT = {"fab kill-gpu-procs"}  # only its --dry-run runs here
 NAMED_ONLY = ("tune",)  # inline `fab tune` names the task; its commands are in code blocks
 

@@ -61,13 +61,14 @@ def _baseline(tmp_path, smi, **req):
 def test_gpu_baseline_reuses_a_fresh_reading_only_when_asked(tmp_path, counting_smi):
     smi, runs = counting_smi
     gpus, err = nvsmi.query_gpus(str(smi))  # what preflight's GPU check does
+    nvsmi.query_apps(str(smi), gpus)  # and its holders (whose memory is it)
     assert err is None and gpus[0]["used_mib"] == 4
     assert _baseline(tmp_path, smi, reuse_s=2.0)["gpus"] == gpus
-    assert runs.read_text().count("run") == 1  # no second nvidia-smi
-    _baseline(tmp_path, smi)  # a redeploy stopped something: read again
-    assert runs.read_text().count("run") == 2
+    assert runs.read_text().count("run") == 2  # no further nvidia-smi
+    _baseline(tmp_path, smi)  # a redeploy stopped something: read again (GPUs and processes)
+    assert runs.read_text().count("run") == 4
     _baseline(tmp_path, smi, reuse_s=1e-9)  # too old to reuse
-    assert runs.read_text().count("run") == 3
+    assert runs.read_text().count("run") == 6
 
 
 # -- batch and new_release with files: fewer round trips per deploy --------------------------

@@ -120,10 +120,15 @@ def read_gpus(nvidia_smi="nvidia-smi"):
     return query_gpus(nvidia_smi)[0]
 
 
+_LAST_APPS = {}  # the agent's latest process list per nvidia-smi path: (time.monotonic(), apps)
+
+
 def query_apps(nvidia_smi="nvidia-smi", gpus=()):
     """(apps, None) or ([], why the process list could not be read)."""
     text, err = _run(app_query(nvidia_smi))
-    return parse_apps(text or "", gpus), err
+    apps = parse_apps(text or "", gpus)
+    _LAST_APPS[nvidia_smi] = (time.monotonic(), apps if err is None else None)
+    return apps, err
 
 
 def select(gpus, devices):
@@ -200,14 +205,18 @@ def op_gpu_baseline(req):
     """
     nvidia_smi = req.get("nvidia_smi") or "nvidia-smi"
     last = _LAST.get(nvidia_smi)
-    if req.get("reuse_s") and last and time.monotonic() - last[0] <= req["reuse_s"]:
+    reused = bool(req.get("reuse_s") and last and time.monotonic() - last[0] <= req["reuse_s"])
+    if reused:
         gpus, err = last[1], last[2]
     else:
         gpus, err = query_gpus(nvidia_smi)
     record = {"taken_at": time.time(), "nvidia_smi": nvidia_smi, "devices": req.get("devices"),
               "gpus": gpus, "error": err}
     if gpus is not None:  # per GPU, what no listed process accounts for (the supervisor's wait)
-        record["unlisted"] = {str(k): v for k, v in unlisted(gpus, query_apps(nvidia_smi, gpus)[0]).items()}
+        seen = _LAST_APPS.get(nvidia_smi)
+        apps = seen[1] if reused and seen and seen[1] is not None and seen[0] >= last[0] - 1.0 \
+            else query_apps(nvidia_smi, gpus)[0]
+        record["unlisted"] = {str(k): v for k, v in unlisted(gpus, apps).items()}
     path = os.path.join(expand(req["deploy_dir"]), "releases", req["release"], "gpu-baseline.json")
     write_json(path, record, 0o600)
     return record
