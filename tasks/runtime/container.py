@@ -1,7 +1,7 @@
 """Containers (podman, docker), client half: what the release's container is made of.
 
-`container_spec(profile)` is the CONTAINER dict of launch.py (tasks/release/launcher.py), read
-on the host by tasks/runtime/host/container.py: the engine's binary (the only difference
+`container_spec(profile)` is the release's runtime.json, read on the host
+by tasks/runtime/host/container.py: the engine's binary (the only difference
 between podman and docker), the container's name, image, GPUs, mounts and the restart policy
 mapped from [supervise]; the release carries it as runtime.json (tasks/runtime/host/runtimes.py
 for_release reads it there, so `fab rollback` starts an old release as it was deployed). What is
