@@ -1,5 +1,6 @@
 """`fab deploy` for one host: lock, preflight, push a release, launch, wait until ready."""
 import json
+import shlex
 import os
 
 from .steps.argv import DEFAULT_ENTRY, ENTRY_BY_NAME, MODEL, entry_from_checks, server_argv
@@ -7,6 +8,7 @@ from .errors import ExitCode, OperationFailed
 from .failures.failed_server import reporting_json
 from .fleet.fanout import HostResult
 from .steps.preflight import deploy_dir, exposure_checks, preflight_request, ray_port_checks, run_preflight
+from .runtime import CONTAINER_RUNTIMES, host_python
 from .release.launcher import SUPERVISING, render_argv_json, render_launcher, render_secrets, supervisor_files
 from .profile.types import Profile
 from .runtime import release_files as runtime_files
@@ -57,6 +59,12 @@ def dry_run_text(profile: Profile):
     if profile.secrets:
         lines.append("secrets (names only; values go to secrets.json, mode 0600): "
                      + ", ".join(sorted(profile.secrets)))
+    if profile.server.runtime in CONTAINER_RUNTIMES:  # the engine's whole command, argv after the image
+        from .runtime.container import container_spec
+        from .runtime.host.container import run_argv
+        rdir = f"{deploy_dir(profile)}/releases/<stamp>"
+        lines.append(f"container ({profile.server.runtime}; the env file holds [server.env] and the secrets):")
+        lines.append("  " + shlex.join(run_argv(container_spec(profile), rdir, argv, rdir + "/container.env")))
     lines.append("--- launch.py ---")
     lines += render_launcher(profile).splitlines()
     return lines
@@ -159,7 +167,7 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
         # launch: its cache directory is read as the engine finds it)
         ("startup_last", dict(deploy_dir=ddir, release=rel["release"], engine_version=version,
                               cache_dir=next(iter(cache.values()), None))),
-        ("launch", dict(deploy_dir=ddir, release=rel["release"], python=profile.server.interpreter,
+        ("launch", dict(deploy_dir=ddir, release=rel["release"], python=host_python(profile),
                         keep=profile.target.keep_releases)),
         # from here on this task only waits: `fab stop` may end it (steps/host/flock.py)
         ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),

@@ -30,6 +30,7 @@ from .errors import OperationFailed
 from .transport.host.common import exit_words
 from . import output
 from .fleet.fanout import HostResult
+from .runtime import host_python
 
 
 def describe_end(rec):
@@ -233,7 +234,7 @@ def rollback_host(host, profile, opts, reporter, to=None, spot=None, spots=None)
         launched = host.batch([
             ("gpu_baseline", dict(deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,
                                   devices=old.devices)),
-            ("relaunch", dict(deploy_dir=ddir, release=prev, python=old.server.interpreter)),
+            ("relaunch", dict(deploy_dir=ddir, release=prev, python=host_python(old))),
             ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),  # `fab stop` may end the wait
         ], timeout=120)[1]
         server = launched["server"]

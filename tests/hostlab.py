@@ -315,9 +315,11 @@ class HostLab:
     root: where the lab's files go (default /var/tmp/llmfab-lab-<slot>; must not be under
           /tmp or /root, which are per-host inside the lab). Removed by close().
     gpus: fake GPUs per host (the stand-in nvidia-smi's gpus.json).
+    sshd_env: environment every SSH session of every host gets (sshd's SetEnv), e.g. where
+          podman's configuration is (tests/podmanlab.py).
     """
 
-    def __init__(self, n_hosts, *, pidns=(), root=None, gpus=2, systemd=()):
+    def __init__(self, n_hosts, *, pidns=(), root=None, gpus=2, systemd=(), sshd_env=None):
         problems = missing_prerequisites() + ([_systemdhost().missing()] if systemd else [])
         problems = [p for p in problems if p]
         if problems:
@@ -336,6 +338,7 @@ class HostLab:
         self._silent_conns = []
         self._ml_env = None
         self._gpus = gpus
+        self._sshd_env = dict(sshd_env or {})
         self._systemd = {}  # alias -> systemdhost.SystemdHost (hosts whose PID 1 is systemd)
         self.slot = self._take_slot(root)
         atexit.register(self.close)
@@ -664,8 +667,8 @@ class HostLab:
             "MaxSessions 100",
             "UseDNS no",
             "PrintMotd no",
-            "",
-        ]))
+        ] + (["SetEnv " + " ".join("%s=%s" % kv for kv in sorted(self._sshd_env.items()))]
+             if self._sshd_env else []) + [""]))  # one line: sshd keeps a keyword's first
 
     def _nsenter(self, host):
         argv = ["nsenter", "-t", str(host.holder_pid), "--net", "--mount", "--uts"]

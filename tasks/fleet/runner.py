@@ -10,6 +10,7 @@ import os
 import sys
 
 from ..errors import Interrupted, TaskFailed
+from ..runtime import host_python
 
 def interrupt_note():
     from ..interrupts import words
@@ -42,7 +43,7 @@ def host_kwargs(c, profile, opts, python=None):
         timeout = c.config.timeouts.connect
     except AttributeError:
         pass
-    return dict(config=c.config, python=python or profile.server.interpreter,
+    return dict(config=c.config, python=python or host_python(profile),
                 connect_timeout=timeout,
                 accept_new_host_keys=opts.accept_new_host_keys)
 

@@ -21,6 +21,7 @@ from .readers import Checker, describe
 from .checktable import read_check
 from .schema import build, supervise
 from .systemd_table import read_systemd
+from .container_table import read_container
 from .toml_text import dumps
 from ..weights.sources import read_weights
 
@@ -56,6 +57,7 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         supervision = supervise(ck, data)
         systemd = read_systemd(ck, data, server.runtime)  # [systemd] (tasks/profile/systemd_table.py)
         weights = read_weights(ck, data, _model_paths(server))
+        container = read_container(ck, data, server.runtime)  # [container] (tasks/profile/container_table.py)
         # Saved in every release: make it stand alone (no extends, name explicit, files absolute).
         data.setdefault("target", {})["name"] = target.name
         if server.files:
@@ -70,7 +72,7 @@ def load_profile(path, *, environ=os.environ, need_secrets=True):
         cluster=cluster, resolved_toml=resolved,
         digest=hashlib.sha256(resolved.encode("utf-8")).hexdigest(),
         sources=tuple(Path(f).resolve() for f in chain), check=check,
-        supervise=supervision, weights=weights, systemd=systemd,
+        supervise=supervision, weights=weights, systemd=systemd, container=container,
     )
 
 

@@ -26,6 +26,8 @@ TOP_KEYS = table(
     Key("cluster", "table", "none", "one model over several nodes through Ray: [cluster] below"),
     Key("check", "table", "{}", "doctor findings the profile accepts: [check] below"),
     Key("supervise", "table", "{}", "restarts on the host: [supervise] below"),
+    Key("container", "table", "none", "the image and mounts of runtime = \"podman\" or \"docker\": "
+        "[container] below"),
     Key("systemd", "table", "none", 'the unit of a [server] runtime = "systemd" server: [systemd] below'),
     Key("weights", "table", "{}",
         "where `fab pull` gets each model directory from: model path on the host = "

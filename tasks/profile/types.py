@@ -135,6 +135,7 @@ class Profile:
     supervise: Supervise = Supervise()
     weights: tuple = ()                          # [weights]: WeightSource per model path (fab pull)
     systemd: SystemdCfg = SystemdCfg()           # [systemd] (runtime = "systemd")
+    container: Optional[object] = None           # [container] (tasks/profile/container_table.py) for podman/docker
 
     @property
     def served_name(self):

@@ -306,8 +306,9 @@ def supervisor_rules():
 
 def supervisor_files(profile: Profile):
     """[(name, bytes, mode)] of the supervisor, for the release directory; [] when off."""
-    if not profile.supervise.on:
-        return []
+    from ..runtime import CONTAINER_RUNTIMES
+    if not profile.supervise.on or profile.server.runtime in CONTAINER_RUNTIMES:
+        return []  # a container's restarts are its engine's (tasks/runtime/container.py)
     modules = [(f"{SUPERVISOR_PACKAGE}/{name}", data, 0o600) for name, data in host_files()]
     return [("supervise_rules.json", supervisor_rules(), 0o600)] + modules
 

@@ -31,6 +31,16 @@ RUNTIMES = {
                           "a docker container from [container] image"),
 }
 RUNTIME_FILE = "runtime.json"  # in each release of a runtime other than "process"
+DEFAULT_RUNTIME = "process"
+CONTAINER_RUNTIMES = tuple(n for n, r in RUNTIMES.items() if r.client == "runtime.container")
+
+
+def host_python(profile):
+    """The interpreter on the host that runs llmfab's agent and launch.py. A container's
+    server.python is the one inside its image, so the host's own python3 does that work."""
+    if profile.server.runtime in CONTAINER_RUNTIMES:
+        return "python3"
+    return profile.server.interpreter
 
 
 def client(name):
@@ -74,7 +84,8 @@ def status_lines(record):
     if box:
         code = box.get("exit_code")
         return [f"runtime {record['runtime']}: container {box.get('name')} {box.get('status')}"
-                + (f", exit code {code}" if code not in (None, 0) or box.get("status") == "exited" else "")]
+                + (f", exit code {code}" if code not in (None, 0) or box.get("status") == "exited" else "")
+                + (f", restarts {box['restarts']} by {record['runtime']}" if box.get("restarts") else "")]
     return []
 
 

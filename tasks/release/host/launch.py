@@ -44,6 +44,8 @@ LAUNCHER_FIX = "run it by hand on the host to see why: {python} {launcher}"
 
 def exec_failure(report):
     """(rule, cause, fix) for launch.py's report of an exec that failed."""
+    if report.get("fix"):  # a container engine's refusal (tasks/runtime/host/container.py)
+        return report.get("rule") or "cannot-exec", report["error"], report["fix"]
     name = errno.errorcode.get(report.get("errno"), "")
     words = EXEC_FAILURES.get(name)
     argv0 = report.get("argv0") or "the server's command"

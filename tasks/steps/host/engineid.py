@@ -120,7 +120,7 @@ def probe(engine):
             "engine": info, "needs": needs}
 
 
-def in_server_env(engine, python, env):
+def in_server_env(engine, python, env, argv_prefix=None):
     """probe(engine) as the server's interpreter `python` runs it with the host's environment
     plus `env` (the profile's plain [server.env]: the launch adds the same, tasks/release/launcher.py),
     from "/" (nothing of the agent's directory on its path). Raises OSError (the interpreter
@@ -132,7 +132,9 @@ def in_server_env(engine, python, env):
     with open(__file__) as f:
         source = f.read() + "\nif __name__ == '__main__':\n    print(json.dumps(probe(sys.argv[1])))\n"
     try:
-        proc = subprocess.run([python, "-c", "import json\n" + source, engine], env=full, cwd="/",
+        # argv_prefix: how to reach `python` elsewhere (a container: runtime/host/container.py)
+        proc = subprocess.run(list(argv_prefix or [python]) + ["-c", "import json\n" + source, engine],
+                              env=full, cwd="/",
                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               timeout=SERVER_ENV_TIMEOUT_S)
     except subprocess.TimeoutExpired:

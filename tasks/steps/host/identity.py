@@ -308,6 +308,9 @@ def server_alive(ddir, server):
     reboot, or a long time, the kernel may have given its pid to another process, which
     `fab stop` rightly leaves alone and `fab status` must not call our server either. The one
     reader of "is it ours" for both."""
+    if (server or {}).get("container"):  # a container runtime: its engine says, and restarts it
+        from ...runtime.host import container
+        return container.alive(ddir, server)
     pid = (server or {}).get("pid")
     if not pid or not pid_alive(pid) or not server.get("release"):
         return False

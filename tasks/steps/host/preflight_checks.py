@@ -7,6 +7,7 @@ import os
 import sys
 
 from . import engineid, modelcheck, probe
+from ...runtime.host import container
 from ...gpu.host import nvsmi
 from ...runtime.host import runtimes
 from ...transport.host.common import group_members, which
@@ -24,7 +25,7 @@ def check_python():
                 + ("" if ok else ": llmfab's launcher needs Python >= 3.9"))
 
 
-def check_engine(engine, argv0=None, python=None, env=None):
+def check_engine(engine, argv0=None, python=None, env=None, spec=None):
     """The engine's import package and the distribution providing it (engineid.py), found as
     the server will find them: by the server's interpreter `python` (None: this agent's) in the
     server's environment (the host's plus the profile's plain [server.env], `env`), with what
@@ -32,7 +33,9 @@ def check_engine(engine, argv0=None, python=None, env=None):
     distribution, version}), from which the client picks the entry point it launches
     (tasks/steps/argv.py)."""
     if engine in engineid.ENGINE_PACKAGES:
-        return _engine_in_server_env(engine, python or sys.executable, env or {})
+        return _engine_in_server_env(engine, python or sys.executable, env or {}, spec)
+    if spec:  # a command in a container: its image has it, or the start says so
+        return _rec("engine", "OK", "command %s (in image %s)" % (argv0, spec["image"]))
     if argv0 is None:
         return _rec("engine", "OK", "command")
     found = argv0 if os.path.isabs(argv0) else which(argv0)
@@ -54,10 +57,12 @@ def _where(python, env, seen=None):
     return "%s with PYTHONPATH unset (neither the host's environment nor [server.env] sets it)" % seen["python"]
 
 
-def _engine_in_server_env(engine, python, env):
+def _engine_in_server_env(engine, python, env, spec=None):
     package = engineid.ENGINE_PACKAGES[engine]
     try:
-        seen = engineid.in_server_env(engine, python, env)
+        # in a container runtime, the image's interpreter is asked, in the image
+        seen = container.engine_probe(spec, engine, python, env) if spec else \
+            engineid.in_server_env(engine, python, env)
     except OSError as e:
         return _rec("engine", "FAIL", "cannot run server.python %s here: %s" % (python, e.strerror or e))
     except RuntimeError as e:
@@ -226,11 +231,15 @@ def check_gpus(nvidia_smi, devices, min_free, ask=None, held=()):
 
 
 def run(req):
-    engine = check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"))
-    checks = [check_python(), engine]
     runtime = runtimes.for_server({"runtime": req.get("runtime")})
-    if runtime is not None:  # systemd or a container engine present and working (tasks/runtime/host/)
-        checks += runtime.check(req)
+    # systemd or a container engine present and working (tasks/runtime/host/)
+    found = runtime.check(req) if runtime is not None else []
+    spec = req.get("runtime_spec") if req.get("runtime") in container.ENGINES else None
+    if spec and any(r["status"] == "FAIL" for r in found):  # a container that cannot run
+        engine = _rec("engine", "WARN", "not looked for: the container cannot run (see above)")
+    else:  # in a container, its image's interpreter is asked (container.engine_probe)
+        engine = check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"), spec)
+    checks = [check_python()] + (found + [engine] if spec else [engine] + found)
     checks += check_paths(req.get("paths", []), req.get("pulled"))
     checks += modelcheck.run(req.get("models"))
     if (req.get("doctor") or {}).get("method"):  # rules of doctor_rules.py (a speculative method)

@@ -13,6 +13,7 @@ import signal
 import time
 
 from ...gpu.host import nvsmi, gpuprocs
+from ...runtime.host import container
 from ...supervise.host import supervisor_state
 from ...runtime.host import runtimes
 from ...transport.host.common import (STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive, read_json, utc_iso, write_json)
@@ -80,6 +81,8 @@ def stop(ddir, grace, by=None):
     `by` (e.g. "fab stop") records the stop in the release first; None when the server is
     stopped because it failed (its failure stays its explanation)."""
     server = read_json(os.path.join(ddir, "server.json")) or {}
+    if container.is_container(server):  # the engine stops its container (runtime/host/container.py)
+        return container.stop(ddir, server, grace, by)
     targets, pgid = ours(ddir, server.get("pgid"))
     if not targets:
         return {"already_stopped": True, "server": server or None, "terminated": [], "killed": [],
@@ -241,11 +244,22 @@ def mark_killed(pids, by):
             mark_stopped(ddir, server, by)
 
 
+def stop_containers(pids, grace):
+    """A container's processes go by its engine's stop: a signal of ours would read as a crash,
+    which the engine's restart policy answers with a new server (runtime/host/container.py)."""
+    for rdir in releases_of(pids):
+        ddir = os.path.dirname(os.path.dirname(rdir))
+        server = read_json(os.path.join(ddir, "server.json")) or {}
+        if container.is_container(server) and server.get("release") == os.path.basename(rdir):
+            container.stop(ddir, server, grace, None)
+
+
 def kill(targets, grace, by="fab kill-gpu-procs"):
     """SIGTERM each {pid, start}, wait up to grace s, SIGKILL the rest, wait for them to go."""
     t0 = time.monotonic()
     names = {str(t["pid"]): cmdline(t["pid"]) for t in targets}
     mark_killed([t["pid"] for t in targets], by)
+    stop_containers([t["pid"] for t in targets], grace)
     sent, gone, denied = [], [], []
     for t in targets:
         res = _signal_one(t["pid"], t.get("start"), signal.SIGTERM)

@@ -43,5 +43,8 @@ def op_state(req):
         out["supervisor"] = supervisor_state.read(ddir, server)
         # the start's phases, kept by the deploy that waited for it (startup/host/phases.py)
         out["startup"] = read_json(os.path.join(ddir, "releases", server["release"], "startup.json"))
+        if now is not None and out["exit"] is None and not out["alive"] and now.get("exit"):
+            out["exit"] = now["exit"]  # the runtime's word on how it ended (a container's exit code)
+    out["runtime"] = (server or {}).get("runtime") or "process"
     return out
 
