@@ -118,6 +118,13 @@ def _parse_key(cgpath):
     return None
 
 
+def _mount_ns(pid, proc_root=PROC):
+    try:
+        return os.stat("%s/%s/ns/mnt" % (proc_root, pid)).st_ino
+    except OSError:
+        return None
+
+
 def release_identity(ddir, release):
     return read_json(os.path.join(ddir, "releases", release, IDENTITY_FILE)) or {}
 
@@ -160,6 +167,13 @@ class Table:
             if fields and fields[0] not in ("Z", "X"):
                 self.stats[pid] = fields
         self._cg = {}
+        self.mnt = _mount_ns("self", proc_root)
+
+    def same_fs(self, pid):
+        """Does pid see this agent's filesystem? A marker or launcher path means the deployment
+        directory of its own mount namespace: the same path in another (a container, a lab
+        host sharing the PID namespace) is another deployment."""
+        return self.mnt is None or _mount_ns(pid, self.proc_root) == self.mnt
 
     def cgroup(self, pid):
         if pid not in self._cg:
@@ -203,6 +217,8 @@ class Table:
         for pid in self.stats:
             if pid == me or pid in out:
                 continue
+            if not self.same_fs(pid):
+                continue
             sid = self.session(pid)
             if sid in by_sid:
                 rel, start = by_sid[sid]
@@ -225,6 +241,8 @@ class Table:
             name = key.rsplit("-", 1)[0] if "-" in key else key
             return {"key": key, "name": name, "release": rel, "ddir": self._cgroup_ddir(key, rel),
                     "how": "cgroup"}
+        if not self.same_fs(pid):
+            return None
         found = _marker_release(pid, None, self.proc_root)
         if found:
             return self._named(found[0], found[1], "marker")
@@ -242,6 +260,8 @@ class Table:
         if not self.mount:
             return None
         for pid in cgroup_pids(os.path.join(self.mount, TOP, key, rel)):
+            if not self.same_fs(pid):
+                return None  # another host's deployment (its path is not ours to read)
             cmd = (proc_read(pid, "cmdline", self.proc_root) or b"").replace(b"\0", b" ")
             m = LAUNCHER.search(cmd.decode("utf-8", "surrogateescape"))
             if m and m.group(2) == rel:
