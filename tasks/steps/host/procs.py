@@ -247,10 +247,18 @@ def mark_killed(pids, by):
 def stop_containers(pids, grace):
     """A container's processes go by its engine's stop: a signal of ours would read as a crash,
     which the engine's restart policy answers with a new server (runtime/host/container.py)."""
-    for rdir in releases_of(pids):
-        ddir = os.path.dirname(os.path.dirname(rdir))
+    seen = set()
+    for pid in pids:
+        # a container's process sees the container's filesystem, not ours: its marker names the
+        # deployment, and the container's own process list must hold it (identity.py same_fs)
+        found = identity._marker_release(pid)
+        if not found or found in seen:
+            continue
+        seen.add(found)
+        ddir, rel = found
         server = read_json(os.path.join(ddir, "server.json")) or {}
-        if container.is_container(server) and server.get("release") == os.path.basename(rdir):
+        if container.is_container(server) and server.get("release") == rel \
+                and pid in set(container.pids(ddir, server) or ()):
             container.stop(ddir, server, grace, None)
 
 
