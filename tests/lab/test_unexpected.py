@@ -104,7 +104,8 @@ def launch_failures(lab, host):
     noexec.chmod(0o644)
     dies = lab.tmp(host) / "unexpected-dying-python"
     # runs the agent and the preflight as python3, but dies by SIGKILL running launch.py
-    dies.write_text('#!/bin/sh\ncase "$1" in */launch.py) kill -9 $$;; esac\n'
+    # (launch.py runs as `python -I -S launch.py`: look at every argument)
+    dies.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in */launch.py) kill -9 $$;; esac; done\n'
                     f'exec {HOST_PYTHON} "$@"\n')
     dies.chmod(0o755)
     big = ["x" * 120_000] * 20  # 2.4 MB of argv: more than the kernel's ARG_MAX (2 MB at 8 MB stack)
