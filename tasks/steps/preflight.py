@@ -27,16 +27,24 @@ def model_paths(profile: Profile):
     return head + s.flags.model_paths()
 
 
+def engine_request(profile: Profile):
+    """What the host's engine check needs (tasks/steps/host/preflight_checks.check_engine), the
+    same for every task that asks (deploy's preflight, check, tune's survey of its hosts): the
+    engine looked for as the launch will run it, by this interpreter in this environment
+    (the profile's plain [server.env]), in the container's image where one runs it."""
+    s = profile.server
+    return dict(engine=s.engine, python=s.interpreter, env=profile.plain_env(),
+                argv0=s.command[0] if s.engine == "command" and s.command else None,
+                **preflight_fields(profile))  # runtime, runtime_spec: a unit's or a container's check
+
+
 def preflight_request(profile: Profile, state=None):
     """The host's preflight request. `state` (the agent's "state" answer) tells whether this
     deployment is running on the same port: then the port counts as ours, to be freed by the
     stop that precedes the launch, not as taken."""
     s = profile.server
     req = dict(
-        engine=s.engine,
-        # the engine is looked for as the launch will run it: this interpreter, this environment
-        python=s.interpreter, env=profile.plain_env(),
-        argv0=s.command[0] if s.engine == "command" and s.command else None,
+        engine_request(profile),
         paths=model_paths(profile),
         pulled=pull_fixes(profile),  # [weights]: a missing one's fix is `fab pull`
         host=s.host, port=s.port, deploy_dir=deploy_dir(profile),
@@ -46,7 +54,6 @@ def preflight_request(profile: Profile, state=None):
         ask=memory_ask(profile),  # what the engine will take of each GPU (tasks/gpu/ask.py)
         models=models_request(profile),
         doctor=doctor_request(profile),  # the rules of tasks/doctor/host/spec_rules.py
-        **preflight_fields(profile),  # runtime, runtime_spec: a systemd unit's or a container's check
     )
     server = (state or {}).get("server") or {}
     if state and state.get("alive") and server.get("port") == s.port:

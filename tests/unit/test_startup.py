@@ -95,9 +95,33 @@ def test_the_live_phase_follows_the_lines():
         if "Application startup complete" in line:
             break
     # compile happens inside kv_cache's span ("init engine (profile, ...)"): announced by its
-    # own begin line, kv_cache again after it
+    # own begin line; the live line stays on it until the next phase (it never goes back)
     assert seen == ["process", "engine_start", "worker_start", "weights", "kv_cache", "compile",
-                    "kv_cache", "api_server", "ready"]
+                    "api_server", "ready"]
+
+
+ALL_STARTS = sorted(p.stem for p in FIXTURES.glob("vllm-*.log"))
+
+
+@pytest.mark.parametrize("name", ALL_STARTS)
+def test_each_phase_once_and_the_live_line_never_goes_back(utc, name):
+    """Every recorded start (the CPU build and the H200's, a drafter's second load included):
+    the start-up line names each phase once (the H200 once printed "unaccounted" twice), and
+    the live phase only moves forward (it went kv_cache, cuda_graphs, kernel_warmup, kv_cache)."""
+    meta = json.loads((FIXTURES / f"{name}.json").read_text())
+    p = tasks.startup.host.phases.Parser("vllm", meta["launched_at"], name.split("-")[1])
+    seen = []
+    for line in (FIXTURES / f"{name}.log").read_text().splitlines(keepends=True):
+        cur = p.feed(line)
+        if not seen or seen[-1] != cur:
+            seen.append(cur)
+    assert len(seen) == len(set(seen)), seen
+    ph = tasks.startup.host.phases.phases(p, meta["ready_at"])
+    got = [x["phase"] for x in ph]
+    assert len(got) == len(set(got)), ph
+    assert abs(sum(x["seconds"] for x in ph) - meta["ready_s"]) < 2.0, ph
+    line = estimate.summary({"phases": ph})
+    assert line.count("unaccounted") <= 1, line
 
 
 # -- the real vLLM 0.26.0 on an H200 (CUDA build), recorded -----------------------------------

@@ -195,6 +195,7 @@ class Parser:
         self.last_t = None
         self.cache = None
         self.current = "process"
+        self.left = set()     # phases the live line has shown and left: it never goes back
         # the live phase after a line: the next one of the engine's that is nobody's part
         # (compile and CUDA graphs happen inside kv_cache: their own lines announce them)
         inner = {p for r in self.rules for p in r.get("contains") or ()}
@@ -211,7 +212,7 @@ class Parser:
                     t = line_time(line, self.year + 1)
                 if self.first is None:
                     self.first = t
-                    self.current = self.order[1]
+                    self.move(self.order[1])
                 self.last_t = t if self.last_t is None else max(self.last_t, t)
             for r in self.rules:
                 m = r["rx"].search(line)
@@ -225,9 +226,16 @@ class Parser:
                 when = self.last_t if self.last_t is not None else self.launched_at
                 secs = float(m.group("s")) if "s" in m.groupdict() and m.group("s") else None
                 self.events.append((r["phase"], r["kind"], when, secs, r))
-                self.current = self.next_phase(r["phase"], r["kind"])
+                self.move(self.next_phase(r["phase"], r["kind"]))
                 break
         return self.current
+
+    def move(self, phase):
+        """The live phase goes on to `phase`, never back to one it has left (the end of a phase
+        inside kv_cache, or a drafter's second "Starting to load model", keeps it where it is)."""
+        if phase != self.current and phase not in self.left:
+            self.left.add(self.current)
+            self.current = phase
 
     def next_phase(self, phase, kind):
         """The phase a start is in after a line of `kind` about `phase`."""
@@ -286,9 +294,23 @@ def phases(parser, ready_at):
     for n in nested:
         cursor = _span(add, cursor, n[0], n[1], n[2], [], ready_at)
     add("ready", ready_at, ready_at - cursor)
-    for p in out:
+    return _once(out)
+
+
+def _once(spans):
+    """Each phase once, in the place it first took: a phase that comes back (a drafter's
+    weights after the target's, a gap no line accounts for on both sides of one) adds its
+    seconds there (its `at` stays where that first span ended, so the line keeps its order).
+    The total stays the time to ready."""
+    out = {}
+    for p in spans:
+        if p["phase"] in out:
+            out[p["phase"]]["seconds"] += p["seconds"]
+        else:
+            out[p["phase"]] = dict(p)
+    for p in out.values():
         p["at"], p["seconds"] = round(p["at"], 2), round(p["seconds"], 2)
-    return out
+    return list(out.values())
 
 
 def _containers(parser):

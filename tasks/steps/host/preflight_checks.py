@@ -300,5 +300,7 @@ def op_host_facts(req):
     """What makes two hosts alike for a sweep (`fab tune`): the engine and its version (as
     the preflight reads it), and the GPUs' names (None: no nvidia-smi)."""
     gpus = nvsmi.read_gpus(req.get("nvidia_smi") or "nvidia-smi")
-    return {"engine": check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"))["message"],
+    spec = req.get("runtime_spec") if req.get("runtime") in container.ENGINES else None
+    return {"engine": check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"),
+                                   spec)["message"],
             "gpus": None if gpus is None else [g["name"] for g in gpus]}
