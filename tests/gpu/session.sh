@@ -1,6 +1,6 @@
 #!/bin/bash
 # One chunk of the GPU session on the H200 machine (issue 29), from the project's root there:
-#     bash tests/gpu/session.sh setup|A|B|C BUDGET_S
+#     bash tests/gpu/session.sh setup|A|B|C|D BUDGET_S
 # after the gpu kit (sshd-up.sh, PYTHONPATH=/tmp/site) and vllm-kit's `install` (vLLM in
 # /tmp/vllm-site, models in /var/tmp/vk/models). Every chunk stops its steps BUDGET_S seconds
 # after it began and leaves one tarball in $OUT: what fab printed, the figures, the recordings,
@@ -12,6 +12,7 @@
 #   B      the lifecycle suite (cold/warm compile, status, bench, rollback, stop, supervision,
 #          verdicts)
 #   C      fab tune over six variants, fab bench against vllm bench serve, the torch stand-in suite
+#   D      several deployments on GPU 0 (issue 36): stop one, an orphan, kill-gpu-procs, a hang
 set -uo pipefail
 CHUNK=$1; BUDGET=${2:-540}
 T0=$(date +%s)
@@ -96,6 +97,9 @@ EOF
       --env VLLM_USE_FLASHINFER_SAMPLER=0 --env HF_HUB_OFFLINE=1 --env VLLM_NO_USAGE_STATS=1 \
       --repeats 3 --num-prompts 64 --concurrency 4 --port 18350 --out "$W/bench-compare.json"
   export LLMFAB_GPU_PYTHON=$TORCH; step suite-torch-standin 120 "${PYTEST[@]}" tests/gpu/test_gpu_real.py
+  pack ;;
+D)
+  step suite-shared 540 "${PYTEST[@]}" tests/gpu/test_gpu_shared_box.py
   pack ;;
 esac
 echo "chunk $CHUNK done in $(( $(date +%s) - T0 )) s"
