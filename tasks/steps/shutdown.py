@@ -40,7 +40,9 @@ def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=
     if res["already_stopped"]:
         return res
     killed = res["killed"]
-    reporter.line(name, f"stopped release {(res['server'] or {}).get('release')}: "
+    release = (res["server"] or {}).get("release")
+    what = f"release {release}" if release else "this deployment's processes (no server.json names a release)"
+    reporter.line(name, f"stopped {what}: "
                         f"{processes(len(res['terminated']))} ended on SIGTERM"
                         + (f", {len(killed)} killed by SIGKILL" if killed else "")
                         + f" in {res['seconds']:.1f} s")

@@ -236,6 +236,44 @@ def test_status_does_not_trust_a_pid_that_stop_rejects(lab):
         lab.exec(host, ["kill", "-9", stranger])
 
 
+DAMAGE = {"truncated": b'{"pid": 12', "a list": b"[1]", "not UTF-8": b"\xff\xfe", "empty": b""}
+
+
+def test_a_damaged_state_file_is_named_never_read_as_absent(lab):
+    """server.json (and every state file llmfab writes: exit.json, supervisor.json, ...) that
+    is there but not the JSON object llmfab wrote is an error naming the file, for every task
+    that reads it: never "not deployed" while the server runs (a truncated file did that),
+    never a traceback (a list did that: AttributeError). Moved aside, stop ends the server by
+    its identity."""
+    host, name, port = "h3", "unexp-damaged", 31506
+    prof = profile(lab, name, host, port)
+    fab(lab, "deploy", profile=prof)
+    path = deployment(lab, host, name) / "server.json"
+    good = path.read_bytes()
+    pid = json.loads(good)["pid"]
+    try:
+        for what, data in DAMAGE.items():
+            path.write_bytes(data)
+            for task in ("status", "stop", "deploy", "releases", "rollback"):
+                r = lab.fab(task, profile=prof, timeout=120)
+                out = flat(r.stdout + r.stderr)
+                assert r.returncode == 1, (what, task, out)
+                assert f"{path.name} is damaged" in out and "move it aside" in out, (what, task, out)
+                assert "Traceback" not in out and "Error:" not in out, (what, task, out)
+                assert host_pid_alive(lab, host, pid), (what, task)
+            assert path.read_bytes() == data  # nothing was changed
+        path.rename(path.with_name("server.json.damaged"))
+        r = fab(lab, "stop", "--grace", "2", profile=prof)
+        assert "stopped this deployment's processes (no server.json names a release)" in flat(r.stdout), r.stdout
+        wait_for(lambda: not host_pid_alive(lab, host, pid), 10, "the server to be stopped")
+    finally:
+        if path.with_name("server.json.damaged").exists():
+            path.with_name("server.json.damaged").unlink()
+        if not path.exists():
+            path.write_bytes(good)
+        stop(lab, prof)
+
+
 def tree(root):
     """Every path under root, but the agent's code cache (~/.cache/llmfab: every task has it)."""
     out = set()

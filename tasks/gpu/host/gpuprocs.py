@@ -17,7 +17,7 @@ import os
 import re
 
 from . import nvsmi
-from ...transport.host.common import (PROC, cmdline, fd_targets, pids, proc_read, read_bytes, read_json, stat_fields)
+from ...transport.host.common import (PROC, Damaged, cmdline, fd_targets, pids, proc_read, read_bytes, read_json, stat_fields)
 
 GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nv-fabricmanager",
@@ -217,7 +217,10 @@ def mark_owners(procs, ddir, spare_neighbours=True, proc_root=PROC):
         ours = table.is_of(p["pid"], ddir) is not None
         other = own["ddir"]
         if other and other not in live:
-            live[other] = server_alive(other, read_json(os.path.join(other, "server.json")))
+            try:
+                live[other] = server_alive(other, read_json(os.path.join(other, "server.json")))
+            except Damaged:  # another deployment's damage is its own: its processes count as live
+                live[other] = True
         alive = bool(other and live[other])
         p["owner"] = {"deployment": own["name"], "release": own["release"], "ours": ours, "live": alive}
         if not ours and alive and spare_neighbours and p["spared"] is None:

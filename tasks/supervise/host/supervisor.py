@@ -24,7 +24,7 @@ import subprocess
 import time
 
 from ...transport.host.safefile import append, open_append
-from ...transport.host.common import exit_words, read_json, signal_name, utc_iso, write_json
+from ...transport.host.common import Damaged, exit_words, read_json, signal_name, utc_iso, write_json
 from ...steps.host import identity
 from ...gpu.host.nvsmi import baseline_limits, gpus_over, tolerance, unlisted_now
 from .hangwatch import HangWatch, fatal_line, load_rules
@@ -59,7 +59,10 @@ class Release:
         self.log_path = os.path.join(here, "server.log")
 
     def read_json(self, name):
-        return read_json(os.path.join(self.here, name))
+        try:
+            return read_json(os.path.join(self.here, name))
+        except Damaged:  # supervision goes on without what a damaged file held
+            return None
 
     def write_json(self, name, data):
         write_json(os.path.join(self.here, name), data)

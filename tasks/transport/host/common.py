@@ -155,12 +155,35 @@ def expand(path):
     return os.path.abspath(os.path.expanduser(path))
 
 
+class Damaged(HostError):
+    """A state file llmfab wrote (server.json, a release's exit.json, ...) that is there but is
+    not the JSON object it wrote: a disk that filled, an editor, a hand. Never read as absent
+    (a running server would look "not deployed"), never a traceback."""
+
+    def __init__(self, path, why):
+        super().__init__("%s is damaged (%s): llmfab wrote it as a JSON object and cannot tell what it "
+                         "held, so nothing was changed; move it aside and run the task again (a server "
+                         "it named that still runs: `fab kill-gpu-procs` ends it by its identity)"
+                         % (path, why), kind="damaged", path=path)
+
+
 def read_json(path, default=None):
+    """The JSON object in `path` (a state file of llmfab's), or `default` where there is none.
+    Raises Damaged where the file is there and unreadable, not JSON, or not an object."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+        with open(path, "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, NotADirectoryError):
         return default
+    except OSError as e:
+        raise Damaged(path, "cannot be read: %s" % (e.strerror or e))
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError included
+        raise Damaged(path, "not JSON: %s" % e)
+    if not isinstance(value, dict):
+        raise Damaged(path, "a JSON %s, not an object" % type(value).__name__)
+    return value
 
 
 # A release's end as the reaper (or the supervisor) records it, and the stop that caused it:
