@@ -431,10 +431,25 @@ def _make_handler(state):
 
         do_HEAD = do_GET
 
+        def _body(self):
+            """The request body, by Content-Length or chunked (as uvicorn reads it: HAProxy's
+            Lua httpclient, among others, sends chunked)."""
+            if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
+                data = b""
+                while True:
+                    size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                    if size == 0:
+                        while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                            pass  # trailers
+                        return data
+                    data += self.rfile.read(size)
+                    self.rfile.readline()  # the CRLF after the chunk
+            length = int(self.headers.get("content-length") or 0)
+            return self.rfile.read(length) if length else b""
+
         def do_POST(self):
             path = self.path.split("?", 1)[0]
-            length = int(self.headers.get("content-length") or 0)
-            data = self.rfile.read(length) if length else b""
+            data = self._body()
             if path in state.post_routes:
                 query = self.path.split("?", 1)[1] if "?" in self.path else ""
                 code, body = state.post_routes[path](state, query)

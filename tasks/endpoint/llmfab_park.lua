@@ -84,7 +84,8 @@ local function wake(name)
     local text, cerr = check_text(name)
     if text == nil then ok, err = false, cerr
     elseif st.expect ~= nil and text ~= st.expect then
-      ok, err = false, "after the wake the known greedy completion differs from the one recorded at ready"
+      ok, err = false, "after the wake the known greedy completion differs from the one recorded at ready ("
+        .. string.format("%q", string.sub(text, 1, 80)) .. " against " .. string.format("%q", string.sub(st.expect, 1, 80)) .. ")"
     elseif st.expect == nil then st.expect = text end
   end
   if ok then

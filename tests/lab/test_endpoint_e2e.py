@@ -139,3 +139,35 @@ def test_a_router_that_dies_is_seen_and_restarted_by_deploy(lab):
     fab(lab, "deploy", profile=ep)
     assert call(lab, 8230, "/v1/completions", {"model": "solo-model", "prompt": "x", "max_tokens": 1})[0] == 200
     fab(lab, "stop", profile=ep)
+
+
+def test_a_parked_member_is_woken_by_a_request_through_the_router(lab):
+    """fab sleep parks a member (its memory given back but what a sleeping server keeps), a
+    request for its model through the endpoint wakes it and is answered (its wait is the
+    wake), status says asleep, then awake with the wake counted; fab wake of an awake member
+    is a no-op; the sibling serves throughout."""
+    a, b = member(lab, "parkme", 8241), member(lab, "sibling", 8242)
+    ep = endpoint(lab, "parks", 8240, [a, b])
+    fab(lab, "deploy", profile=ep)
+    try:
+        r = fab(lab, "sleep", "--member", "parkme", profile=ep)
+        assert "parkme: parked in" in r.stdout, r.stdout
+        assert used(lab) == BASELINE + MIB + MIB // 4  # the stand-in keeps a quarter asleep
+        st = fab(lab, "status", profile=ep).stdout
+        assert "parkme (parkme-model): asleep" in st and "sibling (sibling-model): awake" in st, st
+        status, models = call(lab, 8240, "/v1/models")
+        assert status == 200 and {m["id"] for m in models["data"]} == {"parkme-model", "sibling-model"}
+        status, body = call(lab, 8240, "/v1/completions", {"model": "sibling-model", "prompt": "hi", "max_tokens": 2})
+        assert status == 200
+
+        status, body = call(lab, 8240, "/v1/completions", {"model": "parkme-model", "prompt": "hi", "max_tokens": 3},
+                            timeout=60)
+        assert status == 200 and body["model"] == "parkme-model", body
+        assert used(lab) == BASELINE + 2 * MIB
+        st = fab(lab, "status", profile=ep).stdout
+        assert "parkme (parkme-model): awake" in st and "wakes 1" in st, st
+        r = fab(lab, "wake", "--member", "parkme", profile=ep)
+        assert "parkme: awake in" in r.stdout
+    finally:
+        lab.fab("stop", profile=ep, timeout=240)
+    assert used(lab) == BASELINE
