@@ -20,12 +20,24 @@ Fixtures:
                 tiny model directories built offline for the real engine (cached)
 """
 import os
+import signal
 
 import pytest
 
 import realengine
 from hostlab import HostLab, missing_prerequisites
 from standins import build_ml_env
+
+
+# The suite signals the fab it starts (SIGINT, SIGTERM, SIGHUP) and fab keeps a signal its
+# parent ignored, as nohup asks. A suite started under nohup, or in the background of a
+# non-interactive shell (SIGINT ignored), would pass that SIG_IGN to every fab it starts:
+# its children start from the defaults instead (a handler, unlike SIG_IGN, is not inherited).
+for _sig in (signal.SIGHUP, signal.SIGTERM):
+    if signal.getsignal(_sig) == signal.SIG_IGN:
+        signal.signal(_sig, signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser):
