@@ -202,9 +202,9 @@ def _plan(st, dirs, pull_id, verify, reporter):
             reporter.line(st.name, f"needs {_mib(st.need)}"
                                    + (f" (resuming {_mib(resumed)} already here)" if resumed else ""))
         st.prepared = st.host.call("weights_prepare", pull=pull_id,
-                                   dirs=[{"path": d["path"], "subdirs": sorted(
+                                   dirs=[{"path": d["path"], "need": mine["need"], "subdirs": sorted(
                                        {os.path.dirname(f["path"]) for f in d["files"]} - {""})}
-                                         for d in dirs], timeout=60)
+                                         for d, mine in zip(dirs, st.plan["dirs"])], timeout=60)
         st.user = st.host.hello["user"]
         st.python = st.host.hello["executable"]
         return None

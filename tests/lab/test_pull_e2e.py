@@ -264,3 +264,25 @@ def test_a_repull_removes_the_earlier_pulls_files_and_keeps_the_users(lab, model
     r = fab(lab, "-H", "h1", "pull", "--verify", "--json", profile=_pull_profile(lab, "pull-rev3", rev3),
             code=1)
     assert objects(r.stdout)["h1"]["extra_files"] == [f"{MODEL}/NOTES.md", f"{MODEL}/lora.safetensors"]
+
+
+def test_a_read_only_destination_is_refused_in_words(lab, model):
+    """A destination that exists on a read-only file system: the pull says so before any
+    byte is sent (it once ended in `OSError: [Errno 30] Read-only file system`), and gives
+    no access."""
+    ro = "/root/romodels"
+    (Path(lab.home("h7")) / "romodels" / "gen-model").mkdir(parents=True, exist_ok=True)
+    lab.exec("h7", ["mount", "--bind", ro, ro], check=True)
+    lab.exec("h7", ["mount", "-o", "remount,bind,ro", ro], check=True)
+    try:
+        prof = write_profile(lab, "pull-ro", [
+            "[target]", 'hosts = ["h7"]', 'name = "pull-ro"',
+            "[server]", 'engine = "vllm"', 'python = "/usr/bin/python3"', f'model = "{ro}/gen-model"',
+            "[weights]", f'"{ro}/gen-model" = "local:{model}"'])
+        r = fab(lab, "pull", profile=prof, code=1, timeout=300)
+        text = flat(r.stdout + r.stderr)
+        assert f"cannot pull into {ro}/gen-model: {ro}/gen-model is on a read-only file system" in text, text
+        assert "Errno" not in text and "Traceback" not in text
+        no_access_left(lab, ["h7"])
+    finally:
+        lab.exec("h7", ["umount", ro], check=True)

@@ -274,6 +274,31 @@ def test_a_damaged_state_file_is_named_never_read_as_absent(lab):
         stop(lab, prof)
 
 
+def test_a_read_only_workdir_fails_the_preflight_in_words(lab):
+    """target.workdir on a read-only file system: check FAILs naming it (it once said all OK),
+    and deploy stops there, nothing launched (it once ended in `OSError: [Errno 30]`)."""
+    host = "h2"
+    (lab.home(host) / "rofs").mkdir(exist_ok=True)
+    lab.exec(host, ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", "/root/rofs"], check=True)
+    try:
+        prof = write_profile(lab, "unexp-rofs", [
+            "[target]", f'hosts = ["{host}"]', 'name = "unexp-rofs"', 'workdir = "/root/rofs/llmfab"',
+            "[server]", 'engine = "command"', f"command = {toml_list([HOST_PYTHON, '-c', SERVER, '31507', ''])}",
+            f'python = "{HOST_PYTHON}"', 'host = "127.0.0.1"', "port = 31507"])
+        r = lab.fab("check", profile=prof, timeout=120)
+        text = flat(r.stdout + r.stderr)
+        assert r.returncode == 1 and ("FAIL disk /root/rofs/llmfab/unexp-rofs (the deployment's directory under "
+                                      "target.workdir): /root/rofs is on a read-only file system" in text), text
+        r = lab.fab("deploy", profile=prof, timeout=120)
+        text = flat(r.stdout + r.stderr)
+        assert r.returncode == 1 and ("cannot take the deployment's lock /root/rofs/llmfab/unexp-rofs/.lock: "
+                                      "/root/rofs is on a read-only file system" in text), text
+        for r in (lab.fab("check", profile=prof, timeout=120), r):
+            assert "Errno" not in r.stdout + r.stderr and "Traceback" not in r.stdout + r.stderr
+    finally:
+        lab.exec(host, ["umount", "/root/rofs"], check=True)
+
+
 def tree(root):
     """Every path under root, but the agent's code cache (~/.cache/llmfab: every task has it)."""
     out = set()

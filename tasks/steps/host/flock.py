@@ -12,7 +12,7 @@ import os
 import signal
 import time
 
-from ...transport.host.common import CONTEXT, HostError, expand, utc_iso
+from ...transport.host.common import CONTEXT, HostError, expand, not_writable, utc_iso
 
 
 def op_lock(req):
@@ -22,15 +22,20 @@ def op_lock(req):
     a deployment directory that does not exist is not made, and the answer says `absent`
     (there is nothing to lock, nor to act on)."""
     ddir = expand(req["deploy_dir"])
-    if req.get("create", True):
-        os.makedirs(ddir, mode=0o700, exist_ok=True)
-    elif not os.path.isdir(ddir):
-        return {"path": None, "absent": True}
     path = os.path.join(ddir, ".lock")
-    locks = CONTEXT.setdefault("locks", {})
-    if path in locks:
-        return {"path": path}
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # never a planted link
+    try:
+        if req.get("create", True):
+            os.makedirs(ddir, mode=0o700, exist_ok=True)
+        elif not os.path.isdir(ddir):
+            return {"path": None, "absent": True}
+        locks = CONTEXT.setdefault("locks", {})
+        if path in locks:
+            return {"path": path}
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # never a planted link
+    except OSError as e:
+        why = not_writable(ddir) or e.strerror or str(e)
+        raise HostError("cannot take the deployment's lock %s: %s; choose a writable target.workdir "
+                        "(or remount it read-write)" % (path, why), kind="write_failed")
     ended = preempted = None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

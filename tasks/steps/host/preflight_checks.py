@@ -10,7 +10,7 @@ from . import engineid, modelcheck, probe
 from ...runtime.host import container
 from ...gpu.host import nvsmi
 from ...runtime.host import runtimes
-from ...transport.host.common import group_members, which
+from ...transport.host.common import group_members, not_writable, which
 MIN_DISK_FREE_MIB = 16  # below this a release, let alone its log, may not fit
 
 
@@ -173,6 +173,11 @@ def check_disk(deploy_dir, min_free_mib=MIN_DISK_FREE_MIB):
         return _rec("disk", "FAIL", "cannot read free space at %s: %s" % (path, e.strerror))
     free = st.f_bavail * st.f_frsize / 2 ** 20
     msg = "%.0f MiB free at %s" % (free, path)
+    why = not_writable(path)
+    if why:
+        return _rec("disk", "FAIL", "%s (the deployment's directory under target.workdir): %s, so no "
+                    "release can be written there; choose a writable target.workdir (or remount it "
+                    "read-write)" % (deploy_dir, why))
     if free < min_free_mib:
         return _rec("disk", "FAIL", msg + " (disk full?): a release and its log need at least %d "
                     "MiB; free some space there or choose another target.workdir" % min_free_mib)

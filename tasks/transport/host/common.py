@@ -167,6 +167,30 @@ class Damaged(HostError):
                          % (path, why), kind="damaged", path=path)
 
 
+def not_writable(path):
+    """Why nothing can be written under `path` (its nearest existing ancestor: what would be
+    created there), or None: a read-only file system, or no write permission for this user.
+    Reads only: a check creates nothing."""
+    path = os.path.abspath(os.path.expanduser(path))
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "%s is on a read-only file system" % path
+    except OSError as e:
+        return "cannot look at %s: %s" % (path, e.strerror or e)
+    if not os.path.isdir(path):
+        return "%s is not a directory" % path
+    if not os.access(path, os.W_OK | os.X_OK):
+        import pwd
+        try:
+            user = pwd.getpwuid(os.geteuid()).pw_name
+        except KeyError:
+            user = "uid %d" % os.geteuid()
+        return "%s is not writable by %s" % (path, user)
+    return None
+
+
 def read_json(path, default=None):
     """The JSON object in `path` (a state file of llmfab's), or `default` where there is none.
     Raises Damaged where the file is there and unreadable, not JSON, or not an object."""

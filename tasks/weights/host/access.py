@@ -21,6 +21,7 @@ import sys
 import time
 
 from .receiver import PULL_DIR, _host_error
+from ...transport.host.common import not_writable
 
 MARK = "llmfab-pull"                     # comment of every authorized_keys line a pull adds
 SAFE = __import__("re").compile(r"^[A-Za-z0-9_./+-]+$")  # what may stand in an authorized_keys command=
@@ -153,6 +154,11 @@ def op_weights_prepare(req):
                 os.makedirs(os.path.join(d["path"], sub), exist_ok=True)
     except OSError as e:
         raise _host_error("cannot create %s: %s" % (d["path"], e.strerror or e), "write_failed")
+    for d in req["dirs"]:  # there already, but what it lacks cannot be written into it
+        why = not_writable(d["path"]) if d.get("need", 1) else None
+        if why:
+            raise _host_error("cannot pull into %s: %s; choose a writable destination" % (d["path"], why),
+                              "write_failed")
     base = _base()
     removed = _revoke(None)
     receiver = os.path.join(base, pull + ".receive.py")

@@ -161,10 +161,18 @@ def _stamps(root):
 
 
 def _save_stamps(root, stamps):
+    """Keep what the verification found (a cache: where it cannot be written, a read-only
+    model directory, the next pull hashes again)."""
     tmp = os.path.join(root, STAMPS + ".%d.tmp" % os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(stamps, f)
-    os.rename(tmp, os.path.join(root, STAMPS))
+    try:
+        with open(tmp, "w") as f:
+            json.dump(stamps, f)
+        os.rename(tmp, os.path.join(root, STAMPS))
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def _stamp(st):
