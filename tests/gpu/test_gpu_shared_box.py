@@ -16,7 +16,6 @@ did when llmfab still thought one deployment owned the box:
 Every fab run's output and the figures go to LLMFAB_GPU_OUT (fab.log, figures.json).
 """
 import json
-import signal
 import time
 
 import pytest
