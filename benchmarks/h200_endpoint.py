@@ -67,9 +67,9 @@ def figure(name, value):
     print(f"FIGURE {name} = {json.dumps(value)}", flush=True)
 
 
-def write_profiles(work, haproxy):
+def write_profiles(work, haproxy, n=4):
     paths = []
-    for name, served, model, port in MEMBERS:
+    for name, served, model, port in MEMBERS[:n]:
         lines = ["[target]", 'hosts = ["gpu-local"]', f'name = "{name}"',
                  "[server]", 'engine = "vllm"', 'python = "/opt/torch/.venv/bin/python3"',
                  f'model = "{MODELS / model}"', 'host = "127.0.0.1"', f"port = {port}",
@@ -89,8 +89,45 @@ def write_profiles(work, haproxy):
     return paths, ep
 
 
+def one_request(port, model, stream=True):
+    """(ttft_s, total_s, tokens, intact, status) as endpoint_routers.one_request, for a real
+    engine: a tiny model's token may decode to no text (a partial UTF-8 sequence), so the
+    first token is the first streamed choice and the count is the stream's usage."""
+    import http.client
+    body = json.dumps({"model": model, "prompt": "Hello there", "max_tokens": er.MAX_TOKENS, "stream": stream,
+                       "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}})
+    t0 = time.monotonic()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            r.read()
+            return None, time.monotonic() - t0, 0, False, r.status
+        ttft, tokens, done = None, 0, False
+        for line in iter(r.readline, b""):
+            line = line.strip()
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                continue
+            ev = json.loads(data)
+            if ev.get("choices") and ttft is None:
+                ttft = time.monotonic() - t0
+            if ev.get("usage"):
+                tokens = ev["usage"].get("completion_tokens") or 0
+        total = time.monotonic() - t0
+        return ttft, total, tokens, done and tokens == er.MAX_TOKENS and ttft is not None, 200
+    except (OSError, ValueError, http.client.HTTPException):
+        return None, time.monotonic() - t0, 0, False, -1
+    finally:
+        c.close()
+
+
 def first_token(port, model):
-    ttft, total, tokens, intact, status = er.one_request(port, model)
+    ttft, total, tokens, intact, status = one_request(port, model)
     return {"status": status, "ttft_s": None if ttft is None else round(ttft, 3), "total_s": round(total, 3),
             "tokens": tokens, "intact": intact}
 
@@ -100,42 +137,39 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--haproxy", default="haproxy")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--only-overhead", action="store_true",
+                    help="members 0 and 1 only: deploy, router overhead, stop")
     a = ap.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work = out / "profiles"
     work.mkdir(exist_ok=True)
-    members, ep = write_profiles(work, a.haproxy)
+    members, ep = write_profiles(work, a.haproxy, 2 if a.only_overhead else 4)
     base, _ = gpu()
     figure("baseline_mib", base)
     try:
-        run(out, members, ep, base, a.rounds)
+        run(out, members, ep, base, a.rounds, a.only_overhead)
     finally:
         fab(out, "stop", "stop", "--profile", ep, code=None)
         figure("after_stop", {"gpu_used_mib": gpu()[0], "baseline_mib": base})
         (out / "h200_endpoint.json").write_text(json.dumps(RESULTS, indent=1, sort_keys=True))
 
 
-def run(out, members, ep, base, rounds):
+def run(out, members, ep, base, rounds, only_overhead=False):
     r, wall = fab(out, "deploy", "deploy", "--profile", ep)
     used, apps = gpu()
     figure("deploy", {"wall_s": wall, "gpu_used_mib": used, "apps_mib": apps,
                       "plan": [ln for ln in r.stdout.splitlines() if "MiB" in ln and ("GPU 0" in ln or "ep-m" in ln
                                                                                      or "peak" in ln)][:12]})
-    figure("answers", {served: first_token(PORT, served) for _, served, _, _ in MEMBERS})
+    figure("answers", {served: first_token(PORT, served) for _, served, _, _ in MEMBERS[:len(members)]})
     figure("models_listed", [m["id"] for m in json.loads(
         subprocess.run(["curl", "-s", f"http://127.0.0.1:{PORT}/v1/models"], capture_output=True,
                        text=True).stdout)["data"]])
     figure("unknown_model", er.unknown_model(PORT))
 
-    # 2. router overhead: tiny-0 and tiny-1 direct against through the endpoint
-    er.MODELS = {"tiny-0": 8301, "tiny-1": 8302}
-    loads = {"direct": [], "endpoint": []}
-    for i in range(rounds):
-        for how in (["direct", "endpoint"] if i % 2 == 0 else ["endpoint", "direct"]):
-            port_for = (lambda m: er.MODELS[m]) if how == "direct" else (lambda m: PORT)
-            loads[how].append({"c1": er.run_load(port_for, 1, 20), "c32": er.run_load(port_for, 32, 128)})
-    figure("router_overhead", loads)
+    overhead(rounds)
+    if only_overhead:
+        return
 
     # 3. parking: fab sleep, what a sleeping server keeps, a request wakes it
     cycles = []
@@ -164,6 +198,19 @@ def run(out, members, ep, base, rounds):
     r, wall = fab(out, "stop-m3", "stop", "--profile", members[3])
     figure("stop_one", {"wall_s": wall, "gpu_used_mib": gpu()[0],
                         "after": {served: first_token(PORT, served)["status"] for _, served, _, _ in MEMBERS}})
+
+
+def overhead(rounds):
+    """Router overhead: tiny-0 and tiny-1 direct against through the endpoint, rounds
+    alternating which goes first."""
+    er.MODELS = {"tiny-0": 8301, "tiny-1": 8302}
+    er.one_request = one_request
+    loads = {"direct": [], "endpoint": []}
+    for i in range(rounds):
+        for how in (["direct", "endpoint"] if i % 2 == 0 else ["endpoint", "direct"]):
+            port_for = (lambda m: er.MODELS[m]) if how == "direct" else (lambda m: PORT)
+            loads[how].append({"c1": er.run_load(port_for, 1, 20), "c32": er.run_load(port_for, 32, 128)})
+    figure("router_overhead", loads)
 
 
 if __name__ == "__main__":
