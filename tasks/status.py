@@ -4,7 +4,7 @@
 
 `gather(host, profile)` asks the host (state, GPUs, one poll, /metrics) and returns a
 `Status`: the JSON record of `fab status --json` (docs/reference/cli.md) (`host, running, pid, release, port, health,
-served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
+asleep` (vLLM sleep mode, from /is_sleeping; null where the server has none), `served_name, gpus, spec, generation_tokens_per_s`, plus `uptime_s, exit, fatal`,
 `cluster`, and the release's start: `startup` [{phase, at, seconds}], `compile_cache`,
 `ready_s`, as its deploy recorded them; `exposure`: the WARN checks `{status, check, message,
 address, port}` of a running server whose own listening socket on its port is bound to every
@@ -75,7 +75,7 @@ def gather(host, profile, ddir):
     alive = bool(st["alive"])
     record = {"host": host.name, "running": alive, "pid": server.get("pid"),
               "release": server.get("release"), "port": server.get("port"),
-              "health": None, "served_name": None, "gpus": None, "spec": None, "sampling": None,
+              "health": None, "asleep": None, "served_name": None, "gpus": None, "spec": None, "sampling": None,
               "generation_tokens_per_s": None,
               "requests_running": None, "requests_waiting": None, "kv_cache_usage": None,
               "uptime_s": uptime(server, st) if alive else None, "exit": None, "fatal": None,
@@ -113,6 +113,7 @@ def gather(host, profile, ddir):
         out.exposure = record["exposure"] = seen_exposure(profile, poll.get("listening"))
         models = poll.get("models") or []
         record["served_name"] = models[0] if len(models) == 1 else (models or None)
+    record["asleep"] = asleep(host, profile, server) if alive and record["health"] == 200 else None
     if alive and record["health"] == 200:
         from .measure.metrics import status_metrics
         m = status_metrics(host, profile, server)
@@ -125,6 +126,8 @@ def gather(host, profile, ddir):
                                                             m, record["spec"])
             if text:
                 out.metric_lines = with_verdict(out.metric_lines, text) + more
+        if record["asleep"]:
+            out.metric_lines = [SLEEP_LINE] + out.metric_lines
     if profile.cluster is not None:  # the Ray cluster under the server (tasks/fleet/ray_cluster.py)
         from .fleet.ray_cluster import cluster_status
         record["cluster"], out.cluster_lines, out.cluster_ok = cluster_status(host, profile, ddir)
@@ -154,6 +157,28 @@ def gather(host, profile, ddir):
         if record["supervisor"]["state"] == "gave-up":  # the crash loop first, then its line
             out.why = status_view.gave_up_why(record["supervisor"], st["supervisor"].get("reason"))
     return out
+
+
+# vLLM's sleep mode (issue 39, docs/endpoint.md): asleep, /health still answers 200 and a
+# completion waits unanswered until /wake_up; status says so instead of looking healthy.
+SLEEP_LINE = ("asleep (vLLM sleep mode): /health answers 200 but no completion is answered until it "
+              "is woken (`fab wake` of its endpoint, a request through the endpoint, or POST /wake_up)")
+
+
+def asleep(host, profile, server):
+    """True / False from the server's GET /is_sleeping (vLLM with --enable-sleep-mode; the route
+    needs VLLM_SERVER_DEV_MODE=1), None where it has no sleep mode or does not say."""
+    if profile.server.engine != "vllm" or not profile.server.flags.has("enable-sleep-mode"):
+        return None
+    r = host.call("endpoint_http", host_addr=profile.server.host, port=server["port"],
+                  path="/is_sleeping", method="GET", timeout=10)
+    if r.get("status") != 200:
+        return None
+    try:
+        import json
+        return bool(json.loads(r["text"]).get("is_sleeping"))
+    except (ValueError, AttributeError):
+        return None
 
 
 def health_words(health):

@@ -155,6 +155,11 @@ def test_a_parked_member_is_woken_by_a_request_through_the_router(lab):
         assert used(lab) == BASELINE + MIB + MIB // 4  # the stand-in keeps a quarter asleep
         st = fab(lab, "status", profile=ep).stdout
         assert "parkme (parkme-model): asleep" in st and "sibling (sibling-model): awake" in st, st
+        # the member's own status: asleep, though its /health answers 200
+        rec = json.loads(fab(lab, "status", "--json", profile=a).stdout)
+        assert rec["health"] == 200 and rec["asleep"] is True, rec
+        assert "asleep (vLLM sleep mode)" in fab(lab, "status", profile=a).stdout
+        assert json.loads(fab(lab, "status", "--json", profile=b).stdout)["asleep"] is False
         status, models = call(lab, 8240, "/v1/models")
         assert status == 200 and {m["id"] for m in models["data"]} == {"parkme-model", "sibling-model"}
         status, body = call(lab, 8240, "/v1/completions", {"model": "sibling-model", "prompt": "hi", "max_tokens": 2})
