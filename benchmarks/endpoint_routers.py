@@ -64,9 +64,12 @@ def wait_port(port, proc, seconds=60, path="/v1/models"):
 
 
 def one_request(port, model, stream=True):
-    """(ttft_s, total_s, tokens, intact, status): one streamed completion."""
+    """(ttft_s, total_s, tokens, intact, status): one streamed completion. The first token is
+    the first streamed choice and the count the stream's usage where the server sends it (a
+    real tiny model's token may decode to no text), else the chunks with text."""
     body = json.dumps({"model": model, "prompt": "Hello there", "max_tokens": MAX_TOKENS,
-                       "stream": stream, "temperature": 0, "ignore_eos": True})  # a tiny model's EOS
+                       "stream": stream, "temperature": 0, "ignore_eos": True,  # a tiny model's EOS
+                       "stream_options": {"include_usage": True}})
     t0 = time.monotonic()
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
@@ -76,7 +79,7 @@ def one_request(port, model, stream=True):
         if r.status != 200:
             r.read()
             return None, time.monotonic() - t0, 0, False, r.status
-        ttft, tokens, done, models = None, 0, False, set()
+        ttft, tokens, done, models, usage = None, 0, False, set(), None
         while True:
             line = r.readline()
             if not line:
@@ -90,12 +93,13 @@ def one_request(port, model, stream=True):
                 continue
             ev = json.loads(data)
             models.add(ev.get("model"))
-            for ch in ev.get("choices") or ():
-                if ch.get("text"):
-                    tokens += 1
-                    if ttft is None:
-                        ttft = time.monotonic() - t0
+            if ev.get("choices") and ttft is None:
+                ttft = time.monotonic() - t0
+            tokens += sum(1 for ch in ev.get("choices") or () if ch.get("text"))
+            if ev.get("usage"):
+                usage = ev["usage"].get("completion_tokens")
         total = time.monotonic() - t0
+        tokens = tokens if usage is None else usage
         intact = done and tokens == MAX_TOKENS and ttft is not None and ttft < total * 0.5
         return ttft, total, tokens, intact, 200
     except (OSError, ValueError, http.client.HTTPException):

@@ -89,45 +89,8 @@ def write_profiles(work, haproxy, n=4):
     return paths, ep
 
 
-def one_request(port, model, stream=True):
-    """(ttft_s, total_s, tokens, intact, status) as endpoint_routers.one_request, for a real
-    engine: a tiny model's token may decode to no text (a partial UTF-8 sequence), so the
-    first token is the first streamed choice and the count is the stream's usage."""
-    import http.client
-    body = json.dumps({"model": model, "prompt": "Hello there", "max_tokens": er.MAX_TOKENS, "stream": stream,
-                       "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}})
-    t0 = time.monotonic()
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    try:
-        c.request("POST", "/v1/completions", body, {"content-type": "application/json"})
-        r = c.getresponse()
-        if r.status != 200:
-            r.read()
-            return None, time.monotonic() - t0, 0, False, r.status
-        ttft, tokens, done = None, 0, False
-        for line in iter(r.readline, b""):
-            line = line.strip()
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                done = True
-                continue
-            ev = json.loads(data)
-            if ev.get("choices") and ttft is None:
-                ttft = time.monotonic() - t0
-            if ev.get("usage"):
-                tokens = ev["usage"].get("completion_tokens") or 0
-        total = time.monotonic() - t0
-        return ttft, total, tokens, done and tokens == er.MAX_TOKENS and ttft is not None, 200
-    except (OSError, ValueError, http.client.HTTPException):
-        return None, time.monotonic() - t0, 0, False, -1
-    finally:
-        c.close()
-
-
 def first_token(port, model):
-    ttft, total, tokens, intact, status = one_request(port, model)
+    ttft, total, tokens, intact, status = er.one_request(port, model)
     return {"status": status, "ttft_s": None if ttft is None else round(ttft, 3), "total_s": round(total, 3),
             "tokens": tokens, "intact": intact}
 
@@ -204,7 +167,6 @@ def overhead(rounds):
     """Router overhead: tiny-0 and tiny-1 direct against through the endpoint, rounds
     alternating which goes first."""
     er.MODELS = {"tiny-0": 8301, "tiny-1": 8302}
-    er.one_request = one_request
     loads = {"direct": [], "endpoint": []}
     for i in range(rounds):
         for how in (["direct", "endpoint"] if i % 2 == 0 else ["endpoint", "direct"]):

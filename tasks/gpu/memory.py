@@ -37,6 +37,16 @@ def holders(survey):
     return [describe(p) for p in survey["procs"]] + [describe_foreign(f) for f in survey["foreign"]]
 
 
+def _poll(tick, timeout, sleep=None):
+    """tick() every POLL_S until it returns (its answer) or `timeout` s pass (NotFreedYet)."""
+    from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
+    kw = {"sleep": sleep} if sleep is not None else {}
+    for attempt in Retrying(retry=retry_if_exception_type(NotFreedYet), stop=stop_after_delay(timeout),
+                            wait=wait_fixed(POLL_S), reraise=True, **kw):
+        with attempt:
+            return tick()
+
+
 def wait_freed(host, *, nvidia_smi, limits, timeout=FREE_TIMEOUT_S, sleep=None, what="GPU memory"):
     """Poll until every GPU in limits ({index: max used MiB}) is at or under its limit.
 
@@ -54,13 +64,8 @@ def wait_freed(host, *, nvidia_smi, limits, timeout=FREE_TIMEOUT_S, sleep=None, 
             raise NotFreedYet(over)
         return gpus
 
-    kw = {"sleep": sleep} if sleep is not None else {}
     try:
-        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
-        for attempt in Retrying(retry=retry_if_exception_type(NotFreedYet), stop=stop_after_delay(timeout),
-                                wait=wait_fixed(POLL_S), reraise=True, **kw):
-            with attempt:
-                return tick()
+        return _poll(tick, timeout, sleep)
     except NotFreedYet as e:
         survey = host.call("gpu_procs", nvidia_smi=nvidia_smi, devices=devices, timeout=60)
         raise OperationFailed(
@@ -88,13 +93,8 @@ def wait_own_freed(host, ddir, *, nvidia_smi, devices, pids, unlisted_limits, ti
             raise NotFreedYet(left + [{"gpu": i, "unlisted": m} for i, m in over])
         return found
 
-    kw = {"sleep": sleep} if sleep is not None else {}
     try:
-        from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
-        for attempt in Retrying(retry=retry_if_exception_type(NotFreedYet), stop=stop_after_delay(timeout),
-                                wait=wait_fixed(POLL_S), reraise=True, **kw):
-            with attempt:
-                return tick()
+        return _poll(tick, timeout, sleep)
     except NotFreedYet as e:
         raise OperationFailed(
             f"GPU memory of the stopped deployment not freed after {timeout:.0f} s: "

@@ -135,3 +135,12 @@ def op_mark_failed(req):
     write_json(os.path.join(path, FAILED_FILE), record)
     return {}
 
+
+def release_launcher(rpath):
+    """The release's launch.py as a module (its ARGV, ENV, ...); importing runs nothing. The
+    runtimes that start a release themselves (systemd, containers) read its argv from there."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("llmfab_release_launch", os.path.join(rpath, "launch.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -23,6 +23,7 @@ import subprocess
 import time
 
 from ...transport.host.common import HostError, pid_alive, read_json, utc_iso, which, write_json
+from ...release.host.release_dirs import release_launcher
 
 ENGINES = ("podman", "docker")
 ENGINE_TIMEOUT_S = 60.0    # one run/inspect/rm of the engine; `stop` adds the grace
@@ -384,20 +385,11 @@ def check(req):
     return _check(req.get("runtime_spec") or {})
 
 
-def _launcher(rpath):
-    """The release's launch.py as a module (its ARGV, ENV, ...); importing runs nothing."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("llmfab_release_launch", os.path.join(rpath, "launch.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def launch(ddir, rpath, spec, python):
     """Start the release at rpath in its container (spec: runtime.json); writes server.json and
     returns its record. Only what the profile gives enters the container: launch.py's ENV, the
     engine's cache directories, the release's secrets (never the host's environment)."""
-    code = _launcher(rpath)
+    code = release_launcher(rpath)
     env = dict(code.ENV, LLMFAB_RELEASE=rpath)
     for name, rel in code.CACHE_ENV.items():
         env[name] = os.path.join(ddir, rel)

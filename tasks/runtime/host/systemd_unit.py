@@ -28,6 +28,7 @@ import sys
 import time
 
 from ...steps.host.identity import server_alive
+from ...release.host.release_dirs import release_launcher
 from ...transport.host.common import (HostError, pid_alive, read_json, utc_iso, write_atomically,
                                       write_json)
 from ...gpu.host.nvsmi import baseline_limits, gpus_over
@@ -215,21 +216,12 @@ def _read(path):
 
 def _write_env(rpath):
     """server.env (0600): launch.py's ENV and the release's secrets, as systemd reads them."""
-    launcher = _launcher(rpath)
+    launcher = release_launcher(rpath)
     env = dict(launcher.ENV)
     if launcher.SECRET_NAMES:
         secrets = read_json(os.path.join(rpath, "secrets.json")) or {}
         env.update({k: secrets[k] for k in launcher.SECRET_NAMES if k in secrets})
     write_atomically(os.path.join(rpath, ENV_FILE), "".join(env_line(k, str(v)) for k, v in env.items()), 0o600)
-
-
-def _launcher(rpath):
-    """The release's launch.py as a module (its ARGV, ENV, ...); importing runs nothing."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("llmfab_release_launch", os.path.join(rpath, "launch.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def launch(ddir, rpath, spec, python):
@@ -346,7 +338,7 @@ def _stop_timeout(name, grace):
 
 def _exec_server(here):
     """ExecStart: record server.json, then become the server (exec, no shell, same argv)."""
-    launcher = _launcher(here)
+    launcher = release_launcher(here)
     env = dict(os.environ)
     for k in ("INVOCATION_ID", "JOURNAL_STREAM", "SYSTEMD_EXEC_PID"):  # systemd's, not the server's
         env.pop(k, None)
