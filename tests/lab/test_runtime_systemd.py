@@ -154,6 +154,33 @@ def test_kill9_is_restarted_by_systemd_only_after_the_gpu_memory_is_free(lab):
         (fake / "readings.jsonl").unlink(missing_ok=True)
 
 
+def test_a_hung_server_is_killed_by_the_units_hang_watch_and_restarted_by_systemd(lab):
+    """[supervise] hang_timeout under systemd: SIGSTOP of the server (it answers nothing, and
+    systemd sees it running) is seen by the unit's hang watch (ExecStartPost), which kills it;
+    Restart=on-failure starts it again, ready, and the log says why."""
+    name = "sd-hang"
+    prof = profile(lab, name, 31206, supervise={"restart": "on-failure", "backoff": 0.2, "hang_timeout": 3})
+    try:
+        run(lab, "deploy", profile=prof)
+        text = inside(lab, "systemctl", "cat", f"llmfab-{name}.service").stdout
+        assert "ExecStartPost=" in text and '"watch"' in text, text
+        first = server_json(lab, name)["pid"]
+        stopped_at = time.monotonic()
+        assert inside(lab, "kill", "-STOP", str(first)).returncode == 0
+
+        def again():
+            st, r = status(lab, prof)
+            return st if r.returncode == 0 and st["unit"]["NRestarts"] >= 1 and st["health"] == 200 \
+                and st["pid"] != first else None
+        wait_for(again, 60, "the hung server restarted by systemd")
+        took = time.monotonic() - stopped_at
+        assert took < 3 + 5 + 30, took  # hang_timeout + a probe + a restart with margin
+        log = (current(lab, name) / "server.log").read_text()
+        assert "llmfab: hung: no /health 200 for" in log and f"SIGKILL to pid {first}, systemd restarts it" in log
+    finally:
+        run(lab, "stop", profile=prof)
+
+
 def test_stop_ends_a_sigterm_ignoring_child_that_left_the_group_after_the_grace(lab):
     name = "sd-term"
     prof = profile(lab, name, 31203, {"STANDIN_IGNORE_TERM": "1", "STANDIN_WORKER_SETSID": "1"})

@@ -75,11 +75,21 @@ def test_runtime_json_maps_supervise_onto_restart_and_start_limits(tmp_path):
     files = {name: data for name, data, _ in release_files(p)}
     spec = json.loads(files["runtime.json"])
     assert spec == {"runtime": "systemd", "unit": "llmfab-demo.service", "enable": True, "restart": "always",
-                    "backoff": 2.0, "max_restarts": 3, "window": 60.0, "memory_timeout": 120.0, "grace": 30.0}
+                    "backoff": 2.0, "max_restarts": 3, "window": 60.0, "memory_timeout": 120.0, "grace": 30.0,
+                    "hang": None}
     assert "llmfab_host/runtime/host/systemd_unit.py" not in files  # [supervise] already ships llmfab_host
     text = unit_text("/d", "/d/releases/r", spec, "/py")
     assert "Restart=always" in text and "RestartSec=2" in text and "StartLimitBurst=4" in text
-    assert "StartLimitIntervalSec=60" in text
+    assert "StartLimitIntervalSec=60" in text and "ExecStartPost=" not in text
+
+
+def test_hang_timeout_gives_the_unit_its_hang_watch(tmp_path):
+    p = _profile(tmp_path, ["[supervise]", 'restart = "on-failure"', "hang_timeout = 20"])
+    spec = json.loads({name: data for name, data, _ in release_files(p)}["runtime.json"])
+    assert spec["hang"] == {"hang_timeout": 20.0, "port": 8000, "probe_host": "127.0.0.1", "health_path": "/health",
+                            "metrics_path": None}
+    text = unit_text("/d", "/d/releases/r", spec, "/py")
+    assert 'ExecStartPost="/py" "-S" "-m" "llmfab_host.runtime.host.systemd_unit" "watch" "/d/releases/r"' in text
 
 
 def test_a_systemd_release_carries_the_host_package_it_runs(tmp_path):

@@ -6,6 +6,7 @@ manager) runs the release exactly as llmfab's launcher would, with no shell in b
     ExecStartPre=PYTHON -S -m llmfab_host.runtime.host.systemd_unit wait-gpu RELEASE_DIR
     ExecStart=PYTHON -S -m llmfab_host.runtime.host.systemd_unit exec RELEASE_DIR
     ExecStopPost=PYTHON -S -m llmfab_host.runtime.host.systemd_unit exited RELEASE_DIR
+    ExecStartPost=PYTHON -S -m llmfab_host.runtime.host.systemd_unit watch RELEASE_DIR   (hang_timeout)
 
 in the release directory (WorkingDirectory=; the release carries llmfab_host). `exec` reads
 the argv from the release's launch.py (the same ARGV list, never re-quoted), adds the
@@ -16,7 +17,10 @@ the unit's main pid IS the server. `wait-gpu` holds every (re)start until the de
 GPUs are back to the baseline recorded before the deploy; `exited` writes exit.json, as the
 launcher's reaper does, so the failure explainer reads the same facts. Output goes to the
 release's server.log (StandardOutput=append:), where tail-log, the explainer and the start-up
-profile read it. Restart=, RestartSec= and StartLimitBurst= come from [supervise]. A release or
+profile read it. Restart=, RestartSec= and StartLimitBurst= come from [supervise]; with its
+hang_timeout, `watch` runs the supervisor's hang watch beside the server and SIGKILLs a hung
+one, for Restart= to start again (systemd's WatchdogSec= needs sd_notify from the server, which
+no engine sends). A release or
 a rollback rewrites the unit for its release directory; stop is `systemctl stop` with the
 grace as TimeoutStopSec. The unit's cgroup is the deployment's identity (`pids`).
 """
@@ -96,6 +100,7 @@ def unit_text(ddir, rpath, spec, python):
         "EnvironmentFile=%s" % path_value(os.path.join(rpath, ENV_FILE)),
         "ExecStartPre=%s" % exec_line(run + ["wait-gpu", rpath]),
         "ExecStart=%s" % exec_line(run + ["exec", rpath]),
+    ] + (["ExecStartPost=%s" % exec_line(run + ["watch", rpath])] if spec.get("hang") else []) + [
         "ExecStopPost=%s" % exec_line(run + ["exited", rpath]),
         "StandardInput=null",
         "StandardOutput=append:%s" % path_value(os.path.join(rpath, "server.log")),
@@ -407,7 +412,39 @@ def _exited(here):
     return 0
 
 
-MODES = {"exec": _exec_server, "wait-gpu": _wait_gpu, "exited": _exited}
+def _watch(here):
+    """ExecStartPost (with [supervise] hang_timeout): the supervisor's hang watch for this
+    start, forked off so the start completes; it stays in the unit's cgroup (systemd ends it
+    with the unit). A server with no /health 200 for hang_timeout after ready (SIGSTOP, a
+    deadlock) gets SIGCONT and SIGKILL: systemd's Restart= starts it again, after wait-gpu."""
+    from ...startup.host.phases import process_started
+    from ...supervise.host.hangwatch import HangWatch
+    cfg = (read_json(os.path.join(here, "runtime.json")) or {}).get("hang")
+    pid = int(os.environ.get("MAINPID") or 0)
+    if not cfg or not pid or os.fork():
+        return 0
+    os.setsid()
+    started = process_started(pid) or 0
+    hang = HangWatch(cfg)
+    while pid_alive(pid):
+        time.sleep(hang.next_probe_in())
+        if not hang.ready:  # ready as deploy saw this start (a SIGSTOP before the watch's first 200)
+            ready_at = (read_json(os.path.join(here, "startup.json")) or {}).get("ready_at")
+            hang.armed_by(ready_at if isinstance(ready_at, (int, float)) and ready_at >= started else None)
+        why = hang.probe()
+        if why and pid_alive(pid):
+            with open(os.path.join(here, "server.log"), "a") as log:
+                log.write("--- %s: SIGKILL to pid %d, systemd restarts it (%s)\n" % (why, pid, utc_iso()))
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    break
+            return 0
+    return 0
+
+
+MODES = {"exec": _exec_server, "wait-gpu": _wait_gpu, "exited": _exited, "watch": _watch}
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] not in MODES:
