@@ -42,12 +42,28 @@ def container_spec(profile: Profile):
             "gpus": c.gpus or DEFAULT_GPUS[engine], "devices": profile.devices, "mounts": mounts,
             "engine_args": list(c.engine_args),
             "restart": RESTART_POLICY[sup.restart].format(max_restarts=sup.max_restarts),
-            "grace": DEFAULT_GRACE_S, "port": s.port}
+            "grace": DEFAULT_GRACE_S, "port": s.port, "hang": hang_spec(profile)}
+
+
+def hang_spec(profile: Profile):
+    """With [supervise] hang_timeout (and a restart policy): what the hang watch beside the
+    container probes (the supervisor's HangWatch); None without."""
+    from ..release.launcher import supervise_config
+    if not (profile.supervise.on and profile.supervise.hang_timeout):
+        return None
+    cfg = supervise_config(profile)
+    return {k: cfg[k] for k in ("hang_timeout", "port", "probe_host", "health_path", "metrics_path")}
 
 
 def release_files(profile: Profile):
-    """[(name, bytes, mode)] a container release carries: runtime.json (the container's spec)."""
-    return [("runtime.json", runtime_json(container_spec(profile)), 0o600)]
+    """[(name, bytes, mode)] a container release carries: runtime.json (the container's spec),
+    and llmfab_host where its hang watch runs beside the container."""
+    files = [("runtime.json", runtime_json(container_spec(profile)), 0o600)]
+    if hang_spec(profile):
+        from ..release.launcher import SUPERVISOR_PACKAGE
+        from ..transport.agent_code import host_files
+        files += [(f"{SUPERVISOR_PACKAGE}/{name}", data, 0o600) for name, data in host_files()]
+    return files
 
 
 def preflight(profile: Profile):

@@ -4,7 +4,8 @@ The host half (tasks/runtime/host/systemd_unit.py) writes the unit from runtime.
 the release through llmfab_host, which the release carries (the agent's own files, as a
 supervised release does: tasks/release/launcher.py supervisor_files).
 """
-from ..release.launcher import SUPERVISOR_PACKAGE, supervise_config
+from ..release.launcher import SUPERVISOR_PACKAGE
+from .container import hang_spec
 from ..steps.host.procs import DEFAULT_GRACE_S
 from ..transport.agent_code import host_files
 from . import runtime_json
@@ -21,12 +22,10 @@ def spec(profile):
     supervisor's own watch, tasks/supervise/host/hangwatch.py), which kills a hung server for
     systemd to restart."""
     s = profile.supervise
-    cfg = supervise_config(profile)
-    hang = {k: cfg[k] for k in ("hang_timeout", "port", "probe_host", "health_path", "metrics_path")}
     return {"runtime": "systemd", "unit": unit_name(profile), "enable": profile.systemd.enable,
             "restart": s.restart, "backoff": s.backoff if s.on else 0, "max_restarts": s.max_restarts,
             "window": s.window, "memory_timeout": s.memory_timeout, "grace": DEFAULT_GRACE_S,
-            "hang": hang if s.on and s.hang_timeout else None}
+            "hang": hang_spec(profile)}
 
 
 def release_files(profile):

@@ -268,3 +268,44 @@ def test_kill_gpu_procs_ends_a_container_through_its_engine_so_it_is_not_restart
     assert info["State"]["Status"] == "exited" and info["RestartCount"] == 0
     st, r = status(lab, prof)
     assert r.returncode == 1 and not st["running"]
+
+
+def test_a_hung_server_is_killed_by_the_hang_watch_and_restarted_by_podman(pod):
+    """[supervise] hang_timeout in a container: SIGSTOP of the server (podman sees it running)
+    is seen by the hang watch beside the container, which SIGKILLs the container; podman's
+    restart policy starts it again, ready, and server.log says why. A stop ends the watch."""
+    lab, pod = pod
+    name = "pod-hang-restart"
+    prof = profile(lab, pod, name, 31308, supervise={"restart": "on-failure", "hang_timeout": 3})
+    run(lab, "deploy", profile=prof)
+    try:
+        first = server(lab, name)["pid"]
+        stopped_at = time.monotonic()
+        os.kill(first, signal.SIGSTOP)
+
+        def again():
+            st, r = status(lab, prof)
+            return st if r.returncode == 0 and st["health"] == 200 and st["pid"] != first else None
+        st = wait_for(again, 60, "the hung server restarted by podman")
+        assert st["container"]["restarts"] >= 1, st
+        assert time.monotonic() - stopped_at < 3 + 5 + 30
+        log = (lab.home(HOST) / "llmfab" / name / "current" / "server.log").read_text()
+        assert "llmfab: hung: no /health 200 for" in log and "SIGKILL to container" in log, log[-2000:]
+        assert "--- llmfab: restart of the server by the container engine ---" in log
+    finally:
+        run(lab, "stop", profile=prof)
+    wait_for(lambda: not watchers(name), 20, "the hang watch to end")
+
+
+def watchers(name):
+    """Pids of hang watches (`python -S -m llmfab_host.runtime.host.container watch RELEASE`) of
+    deployment `name`."""
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            argv = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if b"llmfab_host.runtime.host.container" in argv and any(f"/{name}/releases/".encode() in a for a in argv):
+            out.append(int(d))
+    return out

@@ -13,6 +13,7 @@ from tasks.runtime import release_files as runtime_release_files
 from tasks.runtime.container import container_spec
 from tasks.runtime.host import container
 from tasks.steps.argv import server_argv
+from tasks.transport.agent_code import host_files
 from test_launcher import ROOT, golden
 
 PODMAN = ROOT / "configs" / "qwen3.6-27b-podman.toml"
@@ -77,8 +78,11 @@ def test_launcher_of_a_container_release_is_golden_and_runs_on_the_hosts_python(
     compile(text, "launch.py", "exec")
     assert "hf_x" not in text
     # the container itself is runtime.json's (the host half starts it: runtimes.for_release)
-    (name, data, mode), = runtime_release_files(p)
+    files = runtime_release_files(p)
+    name, data, mode = files[0]
     spec = json.loads(data)
+    # the hang watch beside the container runs from the release's own llmfab_host
+    assert [n for n, _, _ in files[1:]] == ([f"llmfab_host/{n}" for n, _ in host_files()] if spec["hang"] else [])
     assert name == "runtime.json" and mode == 0o600 and "hf_x" not in data.decode()
     assert spec["runtime"] == "podman" and spec == json.loads(json.dumps(container_spec(p)))
     assert host_python(p) == "python3" and p.server.interpreter == "python3"

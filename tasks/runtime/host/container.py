@@ -19,7 +19,9 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
+import sys
 import time
 
 from ...transport.host.common import HostError, pid_alive, read_json, utc_iso, which, write_json
@@ -31,6 +33,8 @@ FIND_SERVER_S = 2.0        # after `run -d`: until the init has started the serv
 ENTRY_FILE = "container-entry.sh"
 ENV_FILE = "container.env"
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
+MODULE = "llmfab_host.runtime.host.container"  # run from the release directory (it carries llmfab_host)
+WATCH_DOWN_S = 60.0  # the hang watch ends once its container has been down this long (no restart came)
 # The entry: constant text, no profile value in it. `$@` is the release's argv, given by the
 # engine after the image exactly as argv.json holds it.
 ENTRY_SCRIPT = """#!/bin/sh
@@ -401,7 +405,64 @@ def launch(ddir, rpath, spec, python):
     if "error" in record:
         raise HostError(record["error"], rule=record.get("rule"), fix=record.get("fix"), line=record["error"])
     write_json(os.path.join(ddir, "server.json"), record)
+    if spec.get("hang"):  # the hang watch beside the container, from the release's own llmfab_host
+        subprocess.Popen([sys.executable, "-S", "-m", MODULE, "watch", rpath], cwd=rpath, start_new_session=True,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return record
+
+
+def _watch(here):
+    """[supervise] hang_timeout beside a container: the supervisor's hang watch probes the
+    server; one with no /health 200 for hang_timeout after ready (SIGSTOP, a deadlock) gets its
+    container SIGKILLed, and the engine's restart policy starts it again (the watch arms again
+    once the new start answers). Ends with the release: a stop, another release, the container
+    gone or down for good."""
+    from ...supervise.host.hangwatch import HangWatch
+    from ...transport.host.common import STOP_FILE, Damaged
+    spec = read_json(os.path.join(here, "runtime.json")) or {}
+    cfg, engine, name = spec.get("hang"), spec.get("engine"), spec.get("name")
+    ddir, release = os.path.dirname(os.path.dirname(here)), os.path.basename(here)
+    hang, started, first, down_since = HangWatch(cfg), None, None, None
+    while True:
+        try:
+            server = read_json(os.path.join(ddir, "server.json")) or {}
+            stop = read_json(os.path.join(here, STOP_FILE)) or {}
+        except Damaged:
+            return 1
+        if server.get("release") != release or (stop and stop.get("pid") == server.get("pid")):
+            return 0
+        info = inspect(engine, name)
+        if info is None or (info.get("Config") or {}).get("Labels", {}).get("llmfab.release") != release:
+            return 0
+        st = info.get("State") or {}
+        if not st.get("Running"):
+            down_since = down_since or time.monotonic()
+            if time.monotonic() - down_since > WATCH_DOWN_S:
+                return 0
+            time.sleep(0.5)
+            continue
+        down_since = None
+        if st.get("StartedAt") != started:  # a (re)start: watch it from its own first answer
+            started, hang = st.get("StartedAt"), HangWatch(cfg)
+            first = first or started
+        time.sleep(hang.next_probe_in())
+        if not hang.ready and started == first:  # the first start: ready as deploy saw it
+            ready_at = (read_json(os.path.join(here, "startup.json")) or {}).get("ready_at")
+            hang.armed_by(ready_at if isinstance(ready_at, (int, float)) else None)
+        why = hang.probe()
+        if why:
+            init = st.get("Pid") or 0
+            with open(os.path.join(here, "server.log"), "a") as log:
+                log.write("--- %s: SIGKILL to container %s (its init, pid %d), its restart policy starts "
+                          "it again (%s)\n" % (why, name, init, utc_iso()))
+            # the init from outside, not `podman kill`: podman applies no restart policy to a
+            # container it was told to kill or stop
+            if init:
+                try:
+                    os.kill(init, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            hang = HangWatch(cfg)
 
 
 def state(ddir, server):
@@ -424,3 +485,9 @@ def stop(ddir, server, grace, by):
         from ...steps.host.procs import mark_stopped
         mark_stopped(ddir, server, by)
     return _stop(ddir, server, grace)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "watch":
+        raise SystemExit("usage: python -m %s watch RELEASE_DIR" % MODULE)
+    sys.exit(_watch(sys.argv[2]))
