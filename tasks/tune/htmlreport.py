@@ -8,11 +8,7 @@ Policy of `default-src 'none'` makes the browser refuse any fetch the page might
 from html import escape
 
 from . import results
-
-PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf")
-W, H, PAD_L, PAD_R, PAD_T, PAD_B = 640, 320, 60, 180, 20, 44
-
+from .svg import PAD_L, PAD_R, W, color, frame, legend
 
 def setting_text(key, value):
     """One variant setting in words: the baseline's `speculative = None` is no speculation."""
@@ -20,72 +16,6 @@ def setting_text(key, value):
         return "no speculative decoding (every speculative flag removed)" if key == "speculative" \
             else f"{key} removed"
     return f"{key} = {value}"
-
-
-def color(i):
-    return PALETTE[i % len(PALETTE)]
-
-
-def _ticks(top, n=5):
-    """Round tick values from 0 to at least `top`."""
-    if top <= 0:
-        return [0, 1]
-    import math
-    raw = top / n
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    ticks, v = [], 0.0
-    while v < top + step * 0.999:
-        ticks.append(round(v, 10))
-        v += step
-    return ticks
-
-
-def _fmt(v):
-    return f"{v:g}" if abs(v) < 1e4 else f"{v:.0f}"
-
-
-def _frame(title, ylabel, xlabels, ymax):
-    """(svg parts, x(i), y(v)) for a chart with categorical x and a 0-based y axis."""
-    ticks = _ticks(ymax)
-    top = ticks[-1] or 1
-    iw, ih = W - PAD_L - PAD_R, H - PAD_T - PAD_B
-    n = max(1, len(xlabels))
-
-    def x(i):
-        return PAD_L + (iw * (i + 0.5) / n)
-
-    def y(v):
-        return PAD_T + ih - ih * (v / top)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
-             f'viewBox="0 0 {W} {H}" role="img" aria-label="{escape(title)}">',
-             f'<rect x="0" y="0" width="{W}" height="{H}" fill="#fff"/>']
-    for t in ticks:
-        parts.append(f'<line x1="{PAD_L}" x2="{PAD_L + iw}" y1="{y(t):.1f}" y2="{y(t):.1f}" '
-                     f'stroke="#e5e5e5"/>')
-        parts.append(f'<text x="{PAD_L - 6}" y="{y(t) + 4:.1f}" text-anchor="end" '
-                     f'font-size="11">{_fmt(t)}</text>')
-    parts.append(f'<line x1="{PAD_L}" x2="{PAD_L}" y1="{PAD_T}" y2="{PAD_T + ih}" stroke="#333"/>')
-    parts.append(f'<line x1="{PAD_L}" x2="{PAD_L + iw}" y1="{PAD_T + ih}" y2="{PAD_T + ih}" '
-                 f'stroke="#333"/>')
-    for i, label in enumerate(xlabels):
-        parts.append(f'<text x="{x(i):.1f}" y="{PAD_T + ih + 16}" text-anchor="middle" '
-                     f'font-size="11">{escape(str(label))}</text>')
-    parts.append(f'<text x="{PAD_L + iw / 2:.1f}" y="{H - 6}" text-anchor="middle" '
-                 f'font-size="12">{escape(title)}</text>')
-    parts.append(f'<text x="14" y="{PAD_T + ih / 2:.1f}" text-anchor="middle" font-size="12" '
-                 f'transform="rotate(-90 14 {PAD_T + ih / 2:.1f})">{escape(ylabel)}</text>')
-    return parts, x, y
-
-
-def _legend(parts, entries):
-    """entries: [(variant index, name)]: a variant keeps its colour in every chart."""
-    for row, (i, name) in enumerate(entries):
-        ly = PAD_T + 8 + 18 * row
-        parts.append(f'<rect x="{W - PAD_R + 14}" y="{ly - 9}" width="12" height="12" '
-                     f'fill="{color(i)}"/>')
-        parts.append(f'<text x="{W - PAD_R + 32}" y="{ly + 1}" font-size="11">'
-                     f'{escape(name[:26])}</text>')
 
 
 def throughput_chart(records, variants, concurrencies):
@@ -96,7 +26,7 @@ def throughput_chart(records, variants, concurrencies):
         return None
     vals = [r["output_tokens_per_s"] or 0 for r in by.values()] + \
            [(r.get("spread") or {}).get("output_tokens_per_s", {}).get("max") or 0 for r in by.values()]
-    parts, x0, y = _frame("concurrency", "output tokens/s", concurrencies, max(vals + [1]))
+    parts, x0, y = frame("concurrency", "output tokens/s", concurrencies, max(vals + [1]))
     n = len(variants)
     for vi, v in enumerate(variants):
         # each variant a few pixels aside, so equal values never hide one another's dot
@@ -118,7 +48,7 @@ def throughput_chart(records, variants, concurrencies):
                          f'r="4" fill="{col}"><title>{escape(v.name)}: '
                          f'{r["output_tokens_per_s"]} tok/s at concurrency {r["concurrency"]}'
                          f'</title></circle>')
-    _legend(parts, list(enumerate(v.name for v in variants)))
+    legend(parts, list(enumerate(v.name for v in variants)))
     return "".join(parts) + "</svg>"
 
 
@@ -131,7 +61,7 @@ def acceptance_chart(records, variants, concurrency):
     width = max((len(pp) for _, _, pp in with_spec), default=0)
     if not width:
         return None
-    parts, x, y = _frame("draft position", "acceptance (0..1)", list(range(width)), 1.0)
+    parts, x, y = frame("draft position", "acceptance (0..1)", list(range(width)), 1.0)
     iw = W - PAD_L - PAD_R
     slot = iw / width
     bar = max(1.0, slot * 0.8 / len(with_spec))
@@ -144,7 +74,7 @@ def acceptance_chart(records, variants, concurrency):
             parts.append(f'<rect x="{left:.1f}" y="{y(0) - height:.1f}" width="{bar:.1f}" '
                          f'height="{height:.1f}" fill="{color(vi)}">'
                          f'<title>{escape(v.name)}: position {pos}: {val:.3f}</title></rect>')
-    _legend(parts, [(vi, v.name) for vi, v, _ in with_spec])
+    legend(parts, [(vi, v.name) for vi, v, _ in with_spec])
     return "".join(parts) + "</svg>"
 
 

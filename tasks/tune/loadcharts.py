@@ -15,7 +15,7 @@ from html import escape
 
 from ..measure.repeats import median
 from . import slo as slo_rules
-from .htmlreport import H, PAD_B, PAD_L, PAD_R, PAD_T, W, _fmt, _legend, _ticks, color
+from .svg import H, PAD_B, PAD_L, PAD_R, PAD_T, W, color, fmt, legend, round_ticks
 from .slots import gpus_per_variant
 from .tables import slo_records
 
@@ -25,7 +25,7 @@ TICK_GAP_PX = 6    # the least space between two tick labels
 
 
 def tick_label(v):
-    return _fmt(round(v, 1))
+    return fmt(round(v, 1))
 
 
 def tick_values(xs, x):
@@ -50,7 +50,7 @@ def tick_values(xs, x):
 
 def _axes(title, xlabel, ylabel, xs, ymax, log):
     """(svg parts, x(v), y(v)): a numeric x (log or linear) and a 0-based y."""
-    ticks = _ticks(ymax)
+    ticks = round_ticks(ymax)
     top = ticks[-1] or 1
     iw, ih = W - PAD_L - PAD_R, H - PAD_T - PAD_B
     xs = sorted({v for v in xs if v is not None and (v > 0 or not log)}) or [1]
@@ -69,7 +69,7 @@ def _axes(title, xlabel, ylabel, xs, ymax, log):
              f'<rect x="0" y="0" width="{W}" height="{H}" fill="#fff"/>']
     for t in ticks:
         parts.append(f'<line x1="{PAD_L}" x2="{PAD_L + iw}" y1="{y(t):.1f}" y2="{y(t):.1f}" stroke="#e5e5e5"/>')
-        parts.append(f'<text x="{PAD_L - 6}" y="{y(t) + 4:.1f}" text-anchor="end" font-size="11">{_fmt(t)}</text>')
+        parts.append(f'<text x="{PAD_L - 6}" y="{y(t) + 4:.1f}" text-anchor="end" font-size="11">{fmt(t)}</text>')
     parts.append(f'<line x1="{PAD_L}" x2="{PAD_L}" y1="{PAD_T}" y2="{PAD_T + ih}" stroke="#333"/>')
     parts.append(f'<line x1="{PAD_L}" x2="{PAD_L + iw}" y1="{PAD_T + ih}" y2="{PAD_T + ih}" stroke="#333"/>')
     for v in tick_values(xs, x):
@@ -121,7 +121,7 @@ def bound_chart(series, bound, unit):
             _dot(parts, x(ld) + off, y(val), col, p["meets"],
                  f"{v.name}: {bound.key} {val:g} ms at {unit} {ld:g}"
                  + ("" if p["meets"] else " (misses the bounds)"))
-    _legend(parts, [(vi, v.name) for vi, v, _ in series])
+    legend(parts, [(vi, v.name) for vi, v, _ in series])
     return "".join(parts) + "</svg>"
 
 
@@ -147,7 +147,7 @@ def goodput_chart(series, unit):
                 parts.append(f'<circle cx="{x(ld) + off:.1f}" cy="{y(sc):.1f}" r="9" fill="none" '
                              f'stroke="{col}" stroke-width="1.5"><title>{escape(v.name)}: capacity '
                              f'{ld:g}</title></circle>')
-    _legend(parts, [(vi, v.name) for vi, v, _ in series])
+    legend(parts, [(vi, v.name) for vi, v, _ in series])
     return "".join(parts) + "</svg>"
 
 
@@ -187,7 +187,7 @@ def pareto_chart(series):
         parts.append(f'<rect x="{x(user) - 8:.1f}" y="{y(gpu) - 8:.1f}" width="16" height="16" '
                      f'fill="none" stroke="#333" stroke-width="1.5"><title>Pareto front: {escape(v.name)} '
                      f'at load {p["load"]:g}</title></rect>')
-    _legend(parts, sorted({(vi, v.name) for vi, v, *_ in usable}))
+    legend(parts, sorted({(vi, v.name) for vi, v, *_ in usable}))
     return "".join(parts) + "</svg>"
 
 

@@ -254,7 +254,8 @@ def test_a_damaged_state_file_is_named_never_read_as_absent(lab):
     try:
         for what, data in DAMAGE.items():
             path.write_bytes(data)
-            for task in ("status", "stop", "deploy", "releases", "rollback"):
+            # every task that reads it, for one kind of damage; status for the others
+            for task in ("status", "stop", "deploy", "releases", "rollback") if what == "truncated" else ("status",):
                 r = lab.fab(task, profile=prof, timeout=120)
                 out = flat(r.stdout + r.stderr)
                 assert r.returncode == 1, (what, task, out)

@@ -152,7 +152,7 @@ def test_the_engine_help_parser_reads_flags_and_choices():
 def tick_labels(svg):
     """[(x, text)] of the x-axis tick labels of one chart (the row of labels under the axis)."""
     import re
-    from tasks.tune.htmlreport import H, PAD_B
+    from tasks.tune.svg import H, PAD_B
     row = H - PAD_B + 16
     return [(float(x), t) for x, y, t in re.findall(
         r'<text x="([\d.]+)" y="([\d.]+)" text-anchor="middle" font-size="11">([^<]*)</text>', svg)
