@@ -73,7 +73,10 @@ class Release:
     def record_server(self, pid, started_at, port):
         """server.json as launch.py writes it; the pgid (this reaper) stays the same."""
         ident = self.read_json(identity.IDENTITY_FILE) or {}
-        old = read_json(os.path.join(self.ddir, "server.json")) or {}
+        try:
+            old = read_json(os.path.join(self.ddir, "server.json")) or {}
+        except Damaged:  # rewritten below
+            old = {}
         write_json(os.path.join(self.ddir, "server.json"),
                    {"pid": pid, "pgid": os.getpgid(0), "started_at": started_at,
                     "release": os.path.basename(self.here), "port": port, "name": old.get("name"),

@@ -162,8 +162,8 @@ class Damaged(HostError):
 
     def __init__(self, path, why):
         super().__init__("%s is damaged (%s): llmfab wrote it as a JSON object and cannot tell what it "
-                         "held, so nothing was changed; move it aside and run the task again (a server "
-                         "it named that still runs: `fab kill-gpu-procs` ends it by its identity)"
+                         "held, so nothing was changed; move it aside and run the task again (`fab stop` "
+                         "then ends this deployment's processes by their identity)"
                          % (path, why), kind="damaged", path=path)
 
 
