@@ -20,6 +20,7 @@ only a human reads. `render(status)` turns it into text and
 Exit: 0 running and healthy; 1 not running or unhealthy; 3 unreachable.
 """
 import datetime
+import json
 from dataclasses import dataclass, field
 
 from .errors import ExitCode
@@ -175,7 +176,6 @@ def asleep(host, profile, server):
     if r.get("status") != 200:
         return None
     try:
-        import json
         return bool(json.loads(r["text"]).get("is_sleeping"))
     except (ValueError, AttributeError):
         return None

@@ -156,6 +156,15 @@ class Host:
         return json.loads(self.run(["python3", "-c", code, f"http://127.0.0.1:{port}{path}", json.dumps(body)]))
 
 
+def idle_host(label):
+    """The suite's Host, asserting GPU 0 idle first; its used MiB kept as `baseline`."""
+    h = Host()
+    used, procs = h.gpu(f"before the {label}")
+    assert not procs, f"GPU 0 is in use by {procs}: the suite needs an idle GPU"
+    h.baseline = used
+    return h
+
+
 def toml_value(v):
     if isinstance(v, bool):
         return "true" if v else "false"

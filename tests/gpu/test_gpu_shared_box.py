@@ -29,11 +29,7 @@ HANG = 20
 
 @pytest.fixture(scope="module")
 def host():
-    h = g.Host()
-    used, procs = h.gpu("before the shared-box tests")
-    assert not procs, f"GPU 0 is in use by {procs}: the suite needs an idle GPU"
-    h.baseline = used
-    return h
+    return g.idle_host("shared-box tests")
 
 
 def flat(r):

@@ -24,11 +24,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not g.HOST, reason="LLMFAB_GPU
 
 @pytest.fixture(scope="module")
 def host():
-    h = g.Host()
-    used, procs = h.gpu("before the defect tests")
-    assert not procs, f"GPU 0 is in use by {procs}: the suite needs an idle GPU"
-    h.baseline = used
-    return h
+    return g.idle_host("defect tests")
 
 
 def test_check_imports_the_engine_with_the_servers_python_and_env(tmp_path):

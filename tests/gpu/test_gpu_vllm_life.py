@@ -23,11 +23,7 @@ PORT = 18320
 
 @pytest.fixture(scope="module")
 def host():
-    h = g.Host()
-    used, procs = h.gpu("before the lifecycle tests")
-    assert not procs, f"GPU 0 is in use by {procs}: the suite needs an idle GPU"
-    h.baseline = used
-    return h
+    return g.idle_host("lifecycle tests")
 
 
 def tree(host, root):

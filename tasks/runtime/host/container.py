@@ -417,7 +417,7 @@ def _watch(here):
     container SIGKILLed, and the engine's restart policy starts it again (the watch arms again
     once the new start answers). Ends with the release: a stop, another release, the container
     gone or down for good."""
-    from ...supervise.host.hangwatch import HangWatch
+    from ...supervise.host.hangwatch import HangWatch, deploy_saw_ready
     from ...transport.host.common import STOP_FILE, Damaged
     spec = read_json(os.path.join(here, "runtime.json")) or {}
     cfg, engine, name = spec.get("hang"), spec.get("engine"), spec.get("name")
@@ -447,8 +447,7 @@ def _watch(here):
             first = first or started
         time.sleep(hang.next_probe_in())
         if not hang.ready and started == first:  # the first start: ready as deploy saw it
-            ready_at = (read_json(os.path.join(here, "startup.json")) or {}).get("ready_at")
-            hang.armed_by(ready_at if isinstance(ready_at, (int, float)) else None)
+            hang.armed_by(deploy_saw_ready(here, 0))
         why = hang.probe()
         if why:
             init = st.get("Pid") or 0

@@ -418,7 +418,7 @@ def _watch(here):
     with the unit). A server with no /health 200 for hang_timeout after ready (SIGSTOP, a
     deadlock) gets SIGCONT and SIGKILL: systemd's Restart= starts it again, after wait-gpu."""
     from ...startup.host.phases import process_started
-    from ...supervise.host.hangwatch import HangWatch
+    from ...supervise.host.hangwatch import HangWatch, deploy_saw_ready
     cfg = (read_json(os.path.join(here, "runtime.json")) or {}).get("hang")
     pid = int(os.environ.get("MAINPID") or 0)
     if not cfg or not pid or os.fork():
@@ -429,8 +429,7 @@ def _watch(here):
     while pid_alive(pid):
         time.sleep(hang.next_probe_in())
         if not hang.ready:  # ready as deploy saw this start (a SIGSTOP before the watch's first 200)
-            ready_at = (read_json(os.path.join(here, "startup.json")) or {}).get("ready_at")
-            hang.armed_by(ready_at if isinstance(ready_at, (int, float)) and ready_at >= started else None)
+            hang.armed_by(deploy_saw_ready(here, started))
         why = hang.probe()
         if why and pid_alive(pid):
             with open(os.path.join(here, "server.log"), "a") as log:

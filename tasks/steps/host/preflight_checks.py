@@ -235,11 +235,16 @@ def check_gpus(nvidia_smi, devices, min_free, ask=None, held=()):
     return out
 
 
+def _container_spec(req):
+    """The container a request's engine check looks in (its runtime_spec), or None."""
+    return req.get("runtime_spec") if req.get("runtime") in container.ENGINES else None
+
+
 def run(req):
     runtime = runtimes.for_server({"runtime": req.get("runtime")})
     # systemd or a container engine present and working (tasks/runtime/host/)
     found = runtime.check(req) if runtime is not None else []
-    spec = req.get("runtime_spec") if req.get("runtime") in container.ENGINES else None
+    spec = _container_spec(req)
     if spec and any(r["status"] == "FAIL" for r in found):  # a container that cannot run
         engine = _rec("engine", "WARN", "not looked for: the container cannot run (see above)")
     else:  # in a container, its image's interpreter is asked (container.engine_probe)
@@ -305,7 +310,7 @@ def op_host_facts(req):
     """What makes two hosts alike for a sweep (`fab tune`): the engine and its version (as
     the preflight reads it), and the GPUs' names (None: no nvidia-smi)."""
     gpus = nvsmi.read_gpus(req.get("nvidia_smi") or "nvidia-smi")
-    spec = req.get("runtime_spec") if req.get("runtime") in container.ENGINES else None
+    spec = _container_spec(req)
     return {"engine": check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"),
                                    spec)["message"],
             "gpus": None if gpus is None else [g["name"] for g in gpus]}

@@ -10,8 +10,11 @@ library only, Python >= 3.9.
 """
 import http.client
 import json
+import os
 import re
 import time
+
+from ...transport.host.common import Damaged, read_json
 
 # The failure-rule table (tasks/failures/rules/) comes as data: supervise_rules.json beside
 # this file, [{id, priority, wrapper, patterns: [{regex, after}]}], highest priority first.
@@ -98,6 +101,18 @@ def metric_values(text):
             except (IndexError, ValueError):
                 continue
     return out
+
+
+def deploy_saw_ready(release_dir, since):
+    """When deploy (or rollback) saw this start ready: the release's startup.json `ready_at`
+    (epoch s, written by the agent before the task returns) if it is not before `since` (the
+    start's own beginning); None before that, for an earlier start, or where it is damaged.
+    What arms a watch whose own probe never got a 200 (HangWatch.armed_by)."""
+    try:
+        ready_at = (read_json(os.path.join(release_dir, "startup.json")) or {}).get("ready_at")
+    except Damaged:
+        return None
+    return ready_at if isinstance(ready_at, (int, float)) and ready_at >= since else None
 
 
 class HangWatch:

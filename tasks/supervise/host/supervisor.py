@@ -27,7 +27,7 @@ from ...transport.host.safefile import append, open_append
 from ...transport.host.common import Damaged, exit_words, read_json, signal_name, utc_iso, write_json
 from ...steps.host import identity
 from ...gpu.host.nvsmi import baseline_limits, gpus_over, tolerance, unlisted_now
-from .hangwatch import HangWatch, fatal_line, load_rules
+from .hangwatch import HangWatch, deploy_saw_ready, fatal_line, load_rules
 from ...steps.host.procs import DEFAULT_GRACE_S, KILL_WAIT_S, stop_own_group
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # USR1: `fab stop`'s request; TERM: any stop
@@ -161,19 +161,12 @@ class Supervisor:
             if self.sleep(wait) or hang is None:
                 continue
             if not hang.ready:
-                hang.armed_by(self.ready_seen())
+                hang.armed_by(deploy_saw_ready(self.rel.here, self.launched - 1))
             why = hang.probe()
             if hang.ready and hang.answering != (self.status.get("health") or {}).get("answering"):
                 self.publish(health={"answering": hang.answering, "since": time.time()})
             if why and proc.poll() is None:
                 return None, why
-
-    def ready_seen(self):
-        """When deploy (or rollback) saw this attempt ready: startup.json's ready_at, written by
-        the agent before the task returns; None before that, or for an earlier attempt."""
-        rec = self.rel.read_json("startup.json") or {}
-        ready_at = rec.get("ready_at")
-        return ready_at if isinstance(ready_at, (int, float)) and ready_at >= self.launched - 1 else None
 
     def end_attempt(self, rc, hang, ended_at):
         exit_, sig, text = describe_end(rc)
