@@ -242,9 +242,10 @@ def releases(c, profile=None, json=False, keep=None, parallel=None, accept_new_h
     "json": "print one JSON object per host on stdout (a failed start: with `fatal`)",
     "release": "relaunch this release (a stamp from `fab releases`) instead of the one before "
                "`current`, e.g. the one an interrupted deploy stopped",
+    "member": "an endpoint profile: only this member (its target.name; default: every member)",
 })
-def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=None, parallel=None,
-             accept_new_host_keys=False):
+def rollback(c, profile=None, timeout=None, no_wait=False, json=False, release=None, member=None,
+             parallel=None, accept_new_host_keys=False):
     return _boundary(c, "rollback", locals())
 
 

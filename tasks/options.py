@@ -250,6 +250,7 @@ class RollbackOptions(Common):
     no_wait: bool = False
     json: bool = False
     release: Optional[str] = None    # this release rather than the one before `current`
+    member: Optional[str] = None     # an endpoint's member (its target.name); None: every member
 
     @staticmethod
     def convert(flags):

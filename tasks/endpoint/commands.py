@@ -43,13 +43,19 @@ def _run_body(module, function, c, opts):
     return body(c, opts)
 
 
-def _each(c, ep, opts, module, function, title, *, router=True, reverse=False):
-    """Run one ordinary task on every member (and the router), each named; the worst code."""
-    from .profile import write_router_profile
+def _each(c, ep, opts, module, function, title, *, router=True, reverse=False, slots=None):
+    """Run one ordinary task on every member (and the router), each named; the worst code.
+    `slots`: {member: the slots ("a", "b") it runs on} (default: its own profile, slot a)."""
+    from .profile import slot_profile, write_router_profile
     import tempfile
     hosts = _hosts(c, ep)
     _with_hosts(c, hosts)
-    targets = [(f"member {m.name}", str(m.path)) for m in ep.members]
+    folder = tempfile.mkdtemp(prefix=f"llmfab-endpoint-{ep.name}-")
+    targets = []
+    for m in ep.members:
+        for slot in (slots or {}).get(m.name, ("a",)):
+            label = f"member {m.name}" + (f" (slot {slot}, port {m.slot_port(slot)})" if slots else "")
+            targets.append((label, str(slot_profile(m, slot, folder))))
     if router:
         rpath = write_router_profile(ep, tempfile.mkdtemp(prefix=f"llmfab-endpoint-{ep.name}-"), hosts)
         targets.append((f"router {ep.name} (HAProxy on port {ep.port})", str(rpath)))
@@ -58,6 +64,7 @@ def _each(c, ep, opts, module, function, title, *, router=True, reverse=False):
     worst = 0
     for label, path in targets:
         _say(f"== endpoint {ep.name}: {label} ({title}) ==")
+        _with_hosts(c, hosts)
         try:
             _run_body(module, function, c, dataclasses.replace(opts, profile=path))
         except LlmfabError as e:
@@ -122,13 +129,13 @@ def plan_on_hosts(c, ep, opts):
     return plans
 
 
-def record_checks(c, ep, m, opts):
-    """Each host's known greedy completion of member `m`, right after its ready (the text a
-    wake must give again). {host: raw text}."""
+def record_checks(c, ep, m, opts, *, profile=None, hosts=None):
+    """Each host's known greedy completion of member `m` (its slot `profile`), right after its
+    ready (the text a wake must give again). {host: raw text}."""
     from ..fleet.runner import run_task
     from .router import check_body
     texts = {}
-    prof = m.profile
+    prof = profile or m.profile
 
     def op(host, reporter):
         host.start()
@@ -140,7 +147,7 @@ def record_checks(c, ep, m, opts):
                                   f"{r.get('status') or r.get('error')}: not recorded")
         texts[host.name] = match.group(1).decode("utf-8", "surrogateescape")
         return HostResult(host.name, summary=f"{m.name}: check completion recorded")
-    run_task(c, prof, op, opts, title=f"record {m.name}", hosts=_hosts(c, ep))
+    run_task(c, prof, op, opts, title=f"record {m.name}", hosts=hosts or _hosts(c, ep))
     return texts
 
 
@@ -171,6 +178,11 @@ def deploy(c, opts, ep):
             _say(f"== endpoint {ep.name}: member {m.name} ==")
             deploy_one(c, dataclasses.replace(opts, profile=str(m.path)))
         return None
+    from .swap import can_swap, redeploy, router_states
+    states = router_states(c, ep, opts)
+    if not opts.no_wait and can_swap(ep, states):  # running: each changed member moves slot (swap.py)
+        return redeploy(c, opts, ep, states)
+    _with_hosts(c, hosts)
     plan_on_hosts(c, ep, opts)
     expects = {}
     for i, m in enumerate(ep.members):
@@ -238,16 +250,36 @@ def park_state_lines(ep, answers):
                 f", last wake {st['last_wake_s']:.2f} s" if st.get("last_wake_s") is not None else "",
                 f", parks after {m.idle_s:.0f} s idle" if m.idle_s else "",
                 f", ERROR: {st['error']}" if st.get("error") else ""])
+            slot = st.get("slot")
+            if slot:
+                state += f", slot {slot} (port {m.slot_port(slot)})" + (", other slot parked" if st.get("other_parked") else "")
+            if st.get("held"):
+                state += f", held: {st['held']}"
             out.append(f"{host}: {m.name} ({m.profile.served_name}): {state}, last use "
                        f"{'never' if ago is None else f'{ago:.0f} s ago'}, wakes {st.get('wakes', 0)}"
                        f"{extra}{keeps}")
     return out
 
 
+def _slots_used(ep, answers, parked=True):
+    """{member: its slots that run on some host}: the live one, and the other where it is
+    parked (the router's state); slot a where no router answers."""
+    used = {m.name: set() for m in ep.members}
+    for a in answers.values():
+        body = a.get("body") if isinstance(a.get("body"), dict) else {}
+        for m in ep.members:
+            st = body.get(m.name) or {}
+            live = st.get("slot") or "a"
+            used[m.name].add(live)
+            if parked and st.get("other_parked"):
+                used[m.name].add("b" if live == "a" else "a")
+    return {name: tuple(sorted(slots or {"a"})) for name, slots in used.items()}
+
+
 def status(c, opts, ep):
-    worst = _each(c, ep, opts, "status", "status", "status")
-    _say(f"== endpoint {ep.name}: parking ==")
     answers = _admin(c, ep, opts, "/state")
+    worst = _each(c, ep, opts, "status", "status", "status", slots=_slots_used(ep, answers))
+    _say(f"== endpoint {ep.name}: parking ==")
     if opts.json:
         write_text(sys.stdout, json.dumps({"endpoint": ep.name, "port": ep.port, "parking": answers}) + "\n")
     for line in park_state_lines(ep, answers):
@@ -262,12 +294,17 @@ def run_on_each(c, opts, ep, task):
         "tail-log": ("tail_log", "tail_log", True, False),
         "bench": ("bench", "bench", False, False),
     }[task]
-    worst = _each(c, ep, opts, module, function, task, router=router, reverse=reverse)
+    # stop: both slots of every member, so nothing is left behind; tail-log: the slot b that served
+    if task == "stop":
+        slots = {m.name: ("a", "b") for m in ep.members}
+    else:  # bench: the live slot (a parked one never answers a completion); tail-log: the parked one too
+        slots = _slots_used(ep, _admin(c, ep, opts, "/state"), parked=(task == "tail-log"))
+    worst = _each(c, ep, opts, module, function, task, router=router, reverse=reverse, slots=slots)
     if worst:
         raise TaskFailed(worst)
 
 
-ENDPOINT_TASKS = ("deploy", "status", "stop", "tail-log", "bench", "sleep", "wake")
+ENDPOINT_TASKS = ("deploy", "status", "stop", "tail-log", "bench", "sleep", "wake", "rollback")
 
 
 def dispatch(c, name, opts):
@@ -295,6 +332,9 @@ def dispatch(c, name, opts):
         return status(c, opts, ep) or 0
     if name in ("sleep", "wake"):
         return park(c, opts, ep, name) or 0
+    if name == "rollback":
+        from .swap import rollback
+        return rollback(c, opts, ep) or 0
     return run_on_each(c, opts, ep, name) or 0
 
 

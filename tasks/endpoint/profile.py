@@ -12,12 +12,22 @@
     coder = 600
     [endpoint.parked]            # per member: true = parked right after its start (its memory
     coder = true                 #  is then only what a sleeping server keeps)
+    [endpoint.swap_port]         # per member: the internal port of its second slot (default: its port + 1000)
+    chat = 9201
+
+Two slots per member: slot a is the member's own profile; slot b is the same profile as the
+deployment `<name>-b` on the member's swap port (written by llmfab, `extends` the member). A
+redeploy of a running endpoint starts a changed member's new release in the slot not serving,
+switches the router to it once it answers a real completion, then drains and stops the old
+one (or keeps it parked, when the two do not fit the GPU together: `fab rollback` of the
+endpoint is then a wake and a switch).
 
 Every member is an ordinary profile: its own deploy directory, releases, logs, supervision.
 Each member's [server] host/port is where the router reaches it on the same box; the model a
 request names is the member's served name. The router itself is an ordinary deployment of
 engine = "command" (HAProxy) generated from this file (tasks/endpoint/router.py).
 """
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +35,9 @@ from typing import Dict, Optional, Tuple
 
 from ..errors import ProfileError
 
-KEYS = {"name", "port", "host", "admin_port", "members", "idle_s", "haproxy", "idle", "parked"}
+KEYS = {"name", "port", "host", "admin_port", "members", "idle_s", "haproxy", "idle", "parked", "swap_port"}
+SLOTS = ("a", "b")  # a member's two deployments: its own profile, and <name>-b on its swap port
+SWAP_OFFSET = 1000  # the swap port's default: the member's port + this
 
 
 @dataclass(frozen=True)
@@ -35,6 +47,14 @@ class EndpointMember:
     profile: object      # its validated Profile
     idle_s: float
     parked: bool
+    swap_port: int = 0   # slot b's port (the router's second server of this member)
+
+    def slot_name(self, slot):
+        """The deployment name (target.name) of slot `slot`."""
+        return self.name if slot == "a" else f"{self.name}-b"
+
+    def slot_port(self, slot):
+        return self.profile.server.port if slot == "a" else self.swap_port
 
 
 @dataclass(frozen=True)
@@ -125,7 +145,8 @@ def load_endpoint(path, *, need_secrets=False):
     idle = _seconds(path, "endpoint.idle_s", ep.get("idle_s", 0))
     per_idle = ep.get("idle", {})
     parked = ep.get("parked", {})
-    for key, table in (("idle", per_idle), ("parked", parked)):
+    swaps = ep.get("swap_port", {})
+    for key, table in (("idle", per_idle), ("parked", parked), ("swap_port", swaps)):
         if not isinstance(table, dict):
             raise ProfileError(path, f"endpoint.{key}", "a table: member name = value")
     members, names, models, ports = [], {}, {}, {port: "endpoint.port", admin_port: "endpoint.admin_port"}
@@ -162,7 +183,18 @@ def load_endpoint(path, *, need_secrets=False):
         if m_parked or m_idle:
             _need_sleep_mode(mpath, prof)
         members.append(EndpointMember(mname, mpath, prof, m_idle, m_parked))
-    for table, key in ((per_idle, "idle"), (parked, "parked")):
+    for i, m in enumerate(members):  # slot b's port: after every member's own, so any of them collides
+        key = f"endpoint.swap_port.{m.name}"
+        swap = _int(path, key[len("endpoint."):], swaps.get(m.name, m.profile.server.port + SWAP_OFFSET))
+        if swap in ports:
+            raise ProfileError(path, key, f"a port of its own for member {m.name}'s second slot; {swap} is "
+                                          f"{ports[swap]}", got=str(swap))
+        if f"{m.name}-b" in names:
+            raise ProfileError(names[f"{m.name}-b"], "target.name", f"a name other than {m.name}-b "
+                                                                    f"(member {m.name}'s second slot)")
+        ports[swap] = f"member {m.name}'s swap port"
+        members[i] = dataclasses.replace(m, swap_port=swap)
+    for table, key in ((per_idle, "idle"), (parked, "parked"), (swaps, "swap_port")):
         for mname in table:
             if mname not in names:
                 raise ProfileError(path, f"endpoint.{key}.{mname}", "a member's name: " + ", ".join(names))
@@ -212,7 +244,7 @@ def members_for_router(ep: Endpoint, expects=None):
     from .router import Member
     expects = expects or {}
     return [Member(m.name, m.profile.served_name, m.profile.server.host, m.profile.server.port, m.idle_s,
-                   expects.get(m.name)) for m in ep.members]
+                   expects.get(m.name), m.swap_port) for m in ep.members]
 
 
 def write_router_profile(ep: Endpoint, directory, hosts, expects=None) -> Path:
@@ -239,3 +271,16 @@ def idle_of(ep: Endpoint) -> Dict[str, float]:
 
 def parked_member(ep: Endpoint, name: Optional[str]):
     return [ep.member(name)] if name else list(ep.members)
+
+
+def slot_profile(m: EndpointMember, slot, directory) -> Path:
+    """The profile of member `m`'s slot: slot a is its own file; slot b a file in `directory`
+    that extends it with target.name `<name>-b` and the swap port."""
+    if slot == "a":
+        return m.path
+    from ..profile.toml_text import dumps, value
+    p = Path(directory) / f"{m.slot_name('b')}.toml"
+    p.write_text(f"# member {m.name}'s second slot, written by llmfab (fab deploy of an endpoint)\n"
+                 f"extends = {value(str(m.path.resolve()))}\n"
+                 + dumps({"target": {"name": m.slot_name("b")}, "server": {"port": m.swap_port}}))
+    return p

@@ -31,6 +31,7 @@ class Member:
     port: int
     idle_s: float = 0  # parked after this long without a request (0: never by itself)
     expect: str = None  # its check completion's raw text, recorded at ready (None: the router records it)
+    swap_port: int = 0  # its second slot's port (0: none)
 
 
 def check_body(model):
@@ -50,8 +51,9 @@ def members_lua(members):
     for m in members:
         addr = "127.0.0.1" if m.host in ("0.0.0.0", "::", "") else m.host
         expect = "nil" if m.expect is None else _lua_str(m.expect)
-        rows.append("  [%s] = {backend = %s, addr = %s, port = %d, idle_s = %s, check = %s, expect = %s},"
-                    % (_lua_str(m.name), _lua_str("be_" + m.name), _lua_str(addr), m.port,
+        rows.append("  [%s] = {backend = %s, addr = %s, ports = {a = %d, b = %d}, idle_s = %s, check = %s, "
+                    "expect = %s},"
+                    % (_lua_str(m.name), _lua_str("be_" + m.name), _lua_str(addr), m.port, m.swap_port or 0,
                        repr(float(m.idle_s)), _lua_str(check_body(m.model)), expect))
     return "return {\n" + "\n".join(rows) + "\n}\n"
 
@@ -118,7 +120,11 @@ def haproxy_cfg(members, host, port, admin_port, *, nbthread=None):
     ]
     for m in members:
         addr = "127.0.0.1" if m.host in ("0.0.0.0", "::", "") else m.host
-        lines += ["", f"backend be_{m.name}", f"  server m {addr}:{m.port}"]
+        # Two slots: `a` serves; `b` (the swap port) is where a new release starts, in maintenance
+        # until the parking hook switches to it (llmfab_park.lua: /switch; live.lua after a restart).
+        lines += ["", f"backend be_{m.name}", f"  server a {addr}:{m.port}"]
+        if m.swap_port:
+            lines.append(f"  server b {addr}:{m.swap_port} disabled")
     return "\n".join(lines) + "\n"
 
 

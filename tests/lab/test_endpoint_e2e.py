@@ -25,12 +25,12 @@ def lab():
         yield lab
 
 
-def member(lab, name, port, *, extra_env=(), args=("gpu-memory-utilization = 0.2",)):
+def member(lab, name, port, *, extra_env=(), args=("gpu-memory-utilization = 0.2",), tokens_per_s=2000):
     lines = ["[target]", 'hosts = ["h1"]', f'name = "{name}"', "[server]", 'engine = "vllm"',
              f'python = "{lab.ml_python}"', f'model = "{lab.model_dir("m-" + name)}"', 'host = "127.0.0.1"',
              f"port = {port}", "[server.args]", f'served-model-name = "{name}-model"', "enable-sleep-mode = true",
              *args, "[server.env]", 'VLLM_SERVER_DEV_MODE = "1"', 'CUDA_VISIBLE_DEVICES = "0"',
-             f'STANDIN_GPU_MIB = "{MIB}"', 'STANDIN_TOKENS_PER_S = "2000"',
+             f'STANDIN_GPU_MIB = "{MIB}"', f'STANDIN_TOKENS_PER_S = "{tokens_per_s}"',
              *[f'{k} = "{v}"' for k, v in extra_env], "[ready]", "timeout = 60", "poll_interval = 0.2"]
     return write_profile(lab, name, lines)
 
@@ -173,6 +173,115 @@ def test_a_parked_member_is_woken_by_a_request_through_the_router(lab):
         assert "parkme (parkme-model): awake" in st and "wakes 1" in st, st
         r = fab(lab, "wake", "--member", "parkme", profile=ep)
         assert "parkme: awake in" in r.stdout
+    finally:
+        lab.fab("stop", profile=ep, timeout=240)
+    assert used(lab) == BASELINE
+
+
+LOADER = r"""
+import json, os, sys, threading, time, urllib.request, urllib.error
+port, model, stop = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+codes, lock = {}, threading.Lock()
+def worker():
+    while not os.path.exists(stop):
+        body = json.dumps({"model": model, "prompt": "hi", "max_tokens": 20, "stream": True}).encode()
+        req = urllib.request.Request("http://127.0.0.1:%d/v1/completions" % port, body,
+                                     {"content-type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                text = r.read().decode()
+                code = r.status if text.rstrip().endswith("data: [DONE]") else "cut"
+        except urllib.error.HTTPError as e:
+            code = e.code
+        except OSError as e:
+            code = type(e).__name__
+        with lock:
+            codes[str(code)] = codes.get(str(code), 0) + 1
+threads = [threading.Thread(target=worker) for _ in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps(codes))
+"""
+
+
+class Load:
+    """Streamed completions for `model` through the endpoint on h1, 4 at a time, until stopped:
+    the HTTP status (or how it failed) of every one."""
+
+    def __init__(self, lab, port, model):
+        self.lab, self.stop_file = lab, f"/root/stop-load-{model}"
+        lab.exec("h1", ["rm", "-f", self.stop_file], check=True)
+        self.proc = __import__("subprocess").Popen(
+            lab.ssh_argv("h1", "python3", "-", str(port), model, self.stop_file),
+            stdin=-1, stdout=-1, text=True)
+        self.proc.stdin.write(LOADER)
+        self.proc.stdin.close()
+
+    def stop(self):
+        self.lab.exec("h1", ["touch", self.stop_file], check=True)
+        out = self.proc.stdout.read()
+        self.proc.wait(timeout=90)
+        return json.loads(out)
+
+
+def test_a_changed_member_moves_to_its_other_slot_with_no_failed_request(lab):
+    """A redeploy of a running endpoint: the changed member's new release starts in its second
+    slot beside the old one, the router switches once it answers, the old one drains and stops;
+    under steady streamed load no request fails; the unchanged member is left alone."""
+    a, b = member(lab, "mover", 8251, tokens_per_s=100), member(lab, "stay", 8252)
+    ep = endpoint(lab, "moves", 8250, [a, b])
+    fab(lab, "deploy", profile=ep)
+    try:
+        load = Load(lab, 8250, "mover-model")
+        wait_for(lambda: call(lab, 8259, "/state")[0] == 200, 30, "the router's admin port")
+        member(lab, "mover", 8251, tokens_per_s=100, extra_env=[("RELEASE_TAG", "2")])
+        out = fab(lab, "deploy", profile=ep).stdout
+        codes = load.stop()
+        print("requests through the endpoint during the redeploy:", codes)
+        assert set(codes) == {"200"} and codes["200"] > 10, codes
+        assert "member mover: new release in slot b (port 9251)" in out, out
+        assert "member stay: unchanged" in out and "slot a drained; stopping it" in out, out
+        assert used(lab) == BASELINE + 2 * MIB  # the old release stopped: its memory back
+        st = fab(lab, "status", profile=ep).stdout
+        assert "mover (mover-model): awake, slot b (port 9251)" in st, st
+        assert "stay (stay-model): awake, slot a (port 8252)" in st, st
+        # a redeploy with nothing changed moves nothing
+        out = fab(lab, "deploy", profile=ep).stdout
+        assert "0 member(s) moved" in out and "member mover: unchanged" in out, out
+    finally:
+        r = lab.fab("stop", profile=ep, timeout=240)
+    assert "member mover (slot b, port 9251)" in r.stdout
+    assert used(lab) == BASELINE
+
+
+def test_where_two_releases_do_not_fit_the_old_is_parked_and_rollback_is_a_wake_and_a_switch(lab):
+    """A member taking 0.99 of the GPU: its new release cannot start beside the old, so the old is
+    parked (a request meanwhile gets a 503 saying why) and stays parked after the switch; fab
+    rollback wakes it and switches back in seconds, parking the newer one; stop ends both."""
+    big = member(lab, "big", 8261, args=["gpu-memory-utilization = 0.99"])
+    ep = endpoint(lab, "bigbox", 8260, [big])
+    fab(lab, "deploy", profile=ep)
+    try:
+        member(lab, "big", 8261, args=["gpu-memory-utilization = 0.99"], extra_env=[("RELEASE_TAG", "2")])
+        load = Load(lab, 8260, "big-model")
+        wait_for(lambda: call(lab, 8269, "/state")[0] == 200, 30, "the router's admin port")
+        out = fab(lab, "deploy", profile=ep).stdout
+        codes = load.stop()
+        print("requests for the parked member during its redeploy:", codes)
+        assert set(codes) <= {"200", "503"} and codes.get("200"), codes  # held: 503, never a hang
+        assert "member big: new release in slot b (port 9261) on h1, the old one parked meanwhile" in out, out
+        assert "slot a stays parked" in out, out
+        assert used(lab) == BASELINE + MIB + MIB // 4  # the new awake, the old asleep
+        assert call(lab, 8260, "/v1/completions", {"model": "big-model", "prompt": "x", "max_tokens": 2})[0] == 200
+        st = fab(lab, "status", profile=ep).stdout
+        assert "big (big-model): awake, slot b (port 9261), other slot parked" in st, st
+
+        r = fab(lab, "rollback", profile=ep)
+        assert "member big: back to the parked release in slot a (port 8261)" in r.stdout, r.stdout
+        assert "the router sends it to slot a" in r.stdout
+        assert used(lab) == BASELINE + MIB + MIB // 4
+        assert call(lab, 8260, "/v1/completions", {"model": "big-model", "prompt": "x", "max_tokens": 2})[0] == 200
+        assert "big (big-model): awake, slot a (port 8261), other slot parked" in fab(lab, "status", profile=ep).stdout
     finally:
         lab.fab("stop", profile=ep, timeout=240)
     assert used(lab) == BASELINE
