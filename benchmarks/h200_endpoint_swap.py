@@ -71,9 +71,14 @@ class Load:
         self.stop_flag.set()
         for t in self.threads:
             t.join()
-        failed = [o for o in self.outcomes if o["status"] != 200 or not o["intact"]]
-        return {"requests": len(self.outcomes), "failed": len(failed), "failures": failed[:20],
-                "statuses": sorted({str(o["status"]) for o in self.outcomes})}
+        cut = [o for o in self.outcomes if o["status"] == 200 and not o["intact"]]
+        held = [o for o in self.outcomes if o["status"] == 503]
+        other = [o for o in self.outcomes if o["status"] not in (200, 503)]
+        return {"requests": len(self.outcomes), "whole": sum(1 for o in self.outcomes if o["status"] == 200
+                                                             and o["intact"]),
+                "cut_streams": len(cut), "cut": cut[:10], "held_503": len(held),
+                "held_window_s": round(max(o["at"] for o in held) - min(o["at"] for o in held), 2) if held else 0,
+                "other_failures": len(other), "other": other[:10]}
 
 
 def switch_line(text):
@@ -85,7 +90,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--haproxy", default="haproxy")
-    ap.add_argument("--phase", choices=("fit", "park"), required=True)
+    ap.add_argument("--phase", choices=("fit", "park", "both"), required=True)
     ap.add_argument("--work", default=None, help="where the profiles are written (the same for both phases)")
     a = ap.parse_args()
     out = Path(a.out)
@@ -93,7 +98,8 @@ def main():
     work = Path(a.work) if a.work else out / "profiles"
     work.mkdir(parents=True, exist_ok=True)
     try:
-        (fit if a.phase == "fit" else park)(out, work, a.haproxy)
+        for phase in (("fit", "park") if a.phase == "both" else (a.phase,)):
+            (fit if phase == "fit" else park)(out, work, a.haproxy)
     except BaseException:
         he.fab(out, "stop-on-error", "stop", "--profile", work / "swap-ep.toml", code=None)
         raise

@@ -18,6 +18,7 @@
 
 local M = dofile("members.lua")  -- {name = {backend, addr, ports = {a, b}, idle_s, check, expect}}
 local LIVE_FILE = "../../live.lua"  -- {name = "a" | "b"}
+local DRAIN_S = 300  -- the longest a park waits for the member's requests in flight to finish
 local state = {}  -- name -> {live, asleep, held, last_use, expect, expects, waking, wakes, ...}
 
 local ok_live, saved = pcall(dofile, LIVE_FILE)
@@ -83,6 +84,10 @@ local function park(name)
   local srv = server_of(name)
   srv:set_maint()  -- nothing new is sent to it from here on
   local t0 = now()
+  -- The requests in flight finish first: vLLM's sleep aborts what runs (its default mode
+  -- "abort"; on the H200 every stream in flight was cut when it slept).
+  local deadline = now() + DRAIN_S
+  while (tonumber(srv:get_stats()["scur"] or "0") or 0) > 0 and now() < deadline do core.msleep(20) end
   local r = call(name, "POST", "/sleep?level=1", "", 60000)
   if not r or r.status ~= 200 then
     srv:set_ready()

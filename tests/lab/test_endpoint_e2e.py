@@ -190,7 +190,8 @@ def worker():
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 text = r.read().decode()
-                code = r.status if text.rstrip().endswith("data: [DONE]") else "cut"
+                whole = text.rstrip().endswith("data: [DONE]") and '"finish_reason": "abort"' not in text
+                code = r.status if whole else "cut"
         except urllib.error.HTTPError as e:
             code = e.code
         except OSError as e:
@@ -285,3 +286,49 @@ def test_where_two_releases_do_not_fit_the_old_is_parked_and_rollback_is_a_wake_
     finally:
         lab.fab("stop", profile=ep, timeout=240)
     assert used(lab) == BASELINE
+
+
+SLEEP_DURING_A_STREAM = r"""
+import json, sys, threading, urllib.request
+stream_port, sleep_url = int(sys.argv[1]), sys.argv[2]
+body = json.dumps({"model": "drainme-model", "prompt": "hi", "max_tokens": 100, "stream": True}).encode()
+r = urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:%d/v1/completions" % stream_port, body,
+                                                  {"content-type": "application/json"}), timeout=60)
+first = r.readline()  # the stream is under way
+done = {}
+def put_to_sleep():
+    urllib.request.urlopen(urllib.request.Request(sleep_url, b"", method="POST"), timeout=60).read()
+    done["slept"] = True
+t = threading.Thread(target=put_to_sleep)
+t.start()
+rest = first + r.read()
+done["stream_ended_before_sleep_answered"] = "slept" not in done
+t.join()
+text = rest.decode()
+print(json.dumps({"finish": sorted(set(c["choices"][0]["finish_reason"] or "-" for c in
+                                      (json.loads(x[6:]) for x in text.split("\n") if x.startswith("data: {")))),
+                  "done": text.rstrip().endswith("data: [DONE]"), **done}))
+"""
+
+
+def test_a_park_lets_the_requests_in_flight_finish_where_a_bare_sleep_aborts_them(lab):
+    """vLLM's sleep aborts the requests it runs (its default mode; on the H200 every stream in
+    flight was cut): the stand-in does the same when slept directly, while the router's park
+    (fab sleep, and a redeploy's park) waits for them to finish before it sleeps the server."""
+    m = member(lab, "drainme", 8271, tokens_per_s=50)  # 100 tokens: 2 s of stream
+    ep = endpoint(lab, "drains", 8270, [m])
+    fab(lab, "deploy", profile=ep)
+    try:
+        def run(stream_port, sleep_url):
+            r = lab.exec("h1", ["python3", "-c", SLEEP_DURING_A_STREAM, str(stream_port), sleep_url],
+                         capture_output=True, text=True, timeout=90)
+            assert r.returncode == 0, r.stderr
+            return json.loads(r.stdout)
+        bare = run(8271, "http://127.0.0.1:8271/sleep?level=1")
+        assert "abort" in bare["finish"] and bare["done"], bare  # cut short, as on the H200
+        assert call(lab, 8271, "/wake_up", {})[0] == 200  # slept behind the router's back: woken the same way
+        parked = run(8270, "http://127.0.0.1:8279/sleep?member=drainme")
+        assert parked["finish"] == ["-", "length"] and parked["done"], parked  # whole
+        assert parked["stream_ended_before_sleep_answered"], parked
+    finally:
+        lab.fab("stop", profile=ep, timeout=240)
