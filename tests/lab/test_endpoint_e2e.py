@@ -1,7 +1,9 @@
-"""End to end (waking a parked member through the router is not yet covered: see docs/endpoint.md): an endpoint (tasks/endpoint/) on a lab host over real SSH: two stand-in vLLM
-members behind the real HAProxy, planned by GPU memory, routed by `model`, one parked and woken
-by a request, `fab sleep` / `fab wake`, status, a member that fails to start, a plan that does
-not fit, a router that dies, stop of one member leaving the other serving, and stop of all."""
+"""End to end: an endpoint (tasks/endpoint/) on a lab host over real SSH: stand-in vLLM members
+behind the real HAProxy, planned by GPU memory, routed by `model`, parked and woken by a
+request, `fab sleep` / `fab wake`, status, a member that fails to start, a plan that does not
+fit, a router that dies, stop of one member leaving the other serving, stop of all; a
+changed member moved to its other slot under load with no failed request, the not-fitting
+case parked and rolled back, and a park that lets requests in flight finish."""
 import functools
 import json
 import os
