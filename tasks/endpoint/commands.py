@@ -293,9 +293,10 @@ def run_on_each(c, opts, ep, task):
         "stop": ("stop", "stop", True, True),
         "tail-log": ("tail_log", "tail_log", True, False),
         "bench": ("bench", "bench", False, False),
+        "releases": ("releases", "releases", False, False),
     }[task]
-    # stop: both slots of every member, so nothing is left behind; tail-log: the slot b that served
-    if task == "stop":
+    # stop: both slots of every member, so nothing is left behind; releases: every release listed
+    if task in ("stop", "releases"):
         slots = {m.name: ("a", "b") for m in ep.members}
     else:  # bench: the live slot (a parked one never answers a completion); tail-log: the parked one too
         slots = _slots_used(ep, _admin(c, ep, opts, "/state"), parked=(task == "tail-log"))
@@ -304,7 +305,7 @@ def run_on_each(c, opts, ep, task):
         raise TaskFailed(worst)
 
 
-ENDPOINT_TASKS = ("deploy", "status", "stop", "tail-log", "bench", "sleep", "wake", "rollback")
+ENDPOINT_TASKS = ("deploy", "status", "stop", "tail-log", "bench", "sleep", "wake", "rollback", "releases")
 
 
 def dispatch(c, name, opts):

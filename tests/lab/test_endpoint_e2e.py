@@ -285,6 +285,8 @@ def test_where_two_releases_do_not_fit_the_old_is_parked_and_rollback_is_a_wake_
         assert used(lab) == BASELINE + MIB + MIB // 4
         assert call(lab, 8260, "/v1/completions", {"model": "big-model", "prompt": "x", "max_tokens": 2})[0] == 200
         assert "big (big-model): awake, slot a (port 8261), other slot parked" in fab(lab, "status", profile=ep).stdout
+        rel = fab(lab, "releases", profile=ep).stdout
+        assert "member big (slot a, port 8261)" in rel and "member big (slot b, port 9261)" in rel, rel
     finally:
         lab.fab("stop", profile=ep, timeout=240)
     assert used(lab) == BASELINE
