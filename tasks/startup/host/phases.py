@@ -24,10 +24,12 @@ earlier start (it loaded them, or tried and recompiled on top of the warm induct
 cache), "cold" when it compiled with nothing to start from, None when nothing compiled
 (eager mode, a command server).
 
-The op `startup` reads a release's server.log after it became ready (with the reader
-the wait uses, probe.read_log), writes startup.json beside it and answers it with the
-last good start of the same profile and engine version (`previous`), for the estimate
-and the slower-phase WARN (tasks/startup/estimate.py). `startup_last` answers only that
+The readiness watch feeds a Parser the lines it reads (the one reader of the log,
+tasks/base/host/startlog.py) and answers its live phase. The op `startup`, once ready, takes
+that Parser from the agent's StartLog (reading only lines the watch has not), writes
+startup.json beside the log and answers it with the last good start of the same profile and
+engine version (`previous`), for the estimate and the slower-phase WARN
+(tasks/startup/estimate.py). `startup_last` answers only that
 previous start, before a launch. Standard library only; Python >= 3.9.
 """
 import hashlib
@@ -36,8 +38,8 @@ import re
 import time
 
 from ...release.host import release_dirs
+from ...base.host import startlog
 from ...transport.host.common import expand, read_json, write_json
-from ...steps.host.probe import read_log
 
 STARTUP_FILE = "startup.json"
 SCAN_BYTES = 32 << 20  # the phase lines come before "ready"
@@ -203,9 +205,14 @@ class Parser:
                       or any(r["phase"] == p for r in self.rules) and p not in inner]
 
     def feed(self, text):
+        return self.feed_lines(text.splitlines())
+
+    def feed_lines(self, lines, final=False):
+        """Lines in log order (a StartLog consumer, tasks/base/host/startlog.py); returns the
+        live phase."""
         if not self.rules:  # a command server: no lines of its are known
             return self.current
-        for line in text.splitlines():
+        for line in lines:
             t = line_time(line, self.year)
             if t is not None:
                 if t < self.launched_at - 86400 * 180:  # a log written across New Year
@@ -229,6 +236,11 @@ class Parser:
                 self.move(self.next_phase(r["phase"], r["kind"]))
                 break
         return self.current
+
+    def ended(self):
+        """The phases whose lines ended them so far, one per such line, in log order: what the
+        watch answers, for the client's time-left estimate."""
+        return [e[0] for e in self.events if e[1] != "begin"]
 
     def move(self, phase):
         """The live phase goes on to `phase`, never back to one it has left (the end of a phase
@@ -423,35 +435,46 @@ def _startup_last(req):
                                  prefer=expect), "expect_cache": expect}
 
 
+def engine_version(rdir, version):
+    """`version`, else (a relaunch, rollback: the client does not know it) the one the
+    release's first start recorded."""
+    if version is None:
+        version = (read_json(os.path.join(rdir, STARTUP_FILE)) or {}).get("engine_version")
+    return version
+
+
+def parser_of(log, engine, version, launched_at):
+    """The Parser of `log` (a StartLog) for this engine and version, made with `launched_at`
+    (epoch s, a callable) if the log has none yet."""
+    return log.consumer(("phases", engine, version), lambda: Parser(engine, launched_at(), version))
+
+
 def op_startup(req):
-    """Once ready: the release's start-up phases from its server.log (from log_offset),
-    kept as startup.json; with the previous start of the same profile and engine version."""
+    """Once ready: the release's start-up phases from its server.log (from log_offset; what the
+    watch read of it already parsed), kept as startup.json; with the previous start of the same
+    profile and engine version."""
     ddir, rdir = _release_dir(req)
     ready_at = float(req.get("ready_at") or time.time())
-    launched_at = req.get("launched_at") or process_started(req["pid"])
-    if launched_at is None:
-        launched_at = ready_at - float(req.get("ready_s") or 0.0)
     engine = req.get("engine") or "command"
-    version = req.get("engine_version")
-    if version is None:  # a relaunch (rollback): the version its first start recorded
-        version = (read_json(os.path.join(rdir, STARTUP_FILE)) or {}).get("engine_version")
-    parser = Parser(engine, launched_at, version)
-    if engine != "command":
-        offset, path, read = int(req.get("log_offset") or 0), os.path.join(rdir, "server.log"), 0
-        while read < SCAN_BYTES:
-            chunk = read_log(path, offset)
-            if not chunk["text"]:
-                break
-            parser.feed(chunk["text"])
-            read += chunk["offset"] - offset
-            offset = chunk["offset"]
+    version = engine_version(rdir, req.get("engine_version"))
+
+    def launched_at():
+        at = req.get("launched_at") or process_started(req["pid"])
+        return ready_at - float(req.get("ready_s") or 0.0) if at is None else at
+
+    if engine == "command":
+        parser = Parser(engine, launched_at(), version)
+    else:
+        log = startlog.of(os.path.join(rdir, "server.log"), req.get("log_offset"))
+        parser = parser_of(log, engine, version, launched_at)
+        log.read_to(None, limit=max(0, SCAN_BYTES - (log.offset - log.start)))
+    launched = parser.launched_at
     rec = {"release": req["release"], "engine": engine, "engine_version": version,
            "profile_sha256": _sha256(os.path.join(rdir, "profile.toml")),
-           "launched_at": round(launched_at, 3), "ready_at": round(ready_at, 3),
-           "ready_s": round(ready_at - launched_at, 2),
+           "launched_at": round(launched, 3), "ready_at": round(ready_at, 3),
+           "ready_s": round(ready_at - launched, 2),
            "phases": phases(parser, ready_at) if engine != "command" else [],
            "compile_cache": compile_cache(parser.cache, req.get("cache_before"))}
     write_json(os.path.join(rdir, STARTUP_FILE), rec)
     prev = previous(ddir, req["release"], rec["profile_sha256"], rec["engine_version"])
     return {"startup": rec, "previous": prev}
-

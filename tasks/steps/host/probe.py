@@ -1,12 +1,12 @@
-"""Host-side probes: HTTP health and models, the port's holder, log reading, poll ticks."""
+"""Host-side probes: HTTP health and models, the port's holder, poll ticks (the log read by tasks/base/host/startlog.py)."""
 import errno
 import json
 import os
 
+from ...base.host.startlog import read_log
 from ...gpu.host import nvsmi
 from ...transport.host.common import cmdline, error_words, expand, fd_targets, pid_alive, pids, read_exit, stat_fields
 
-LOG_CHUNK = 256 * 1024
 # [server] host values that mean every interface: anyone who reaches the host reaches the
 # server (the preflight's exposure warning), and on the host itself it answers on 127.0.0.1.
 ALL_INTERFACES = ("0.0.0.0", "::", "[::]", "")
@@ -208,29 +208,6 @@ def port_in_use(host, port):
     if holders:
         return "; ".join("pid %d (%s)" % (h["pid"], h["cmdline"][:200]) for h in holders)
     return "a process not visible from here (another PID namespace or user)"
-
-
-def read_log(path, offset, limit=LOG_CHUNK, final=False):
-    """New complete lines after byte offset: {offset (new), text, size}. Partial lines wait,
-    unless `final` (the server is gone: its last line, without a newline, is all it wrote)."""
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return {"offset": offset, "text": "", "size": None}
-    if size < offset:  # truncated by someone else: start over rather than miss lines
-        offset = 0
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read(limit)
-    end = data.rfind(b"\n")
-    if final and len(data) < limit:
-        end = len(data) - 1
-    if end < 0:
-        if len(data) < limit:
-            return {"offset": offset, "text": "", "size": size}
-        end = len(data) - 1  # a huge line: hand it over in pieces
-    data = data[:end + 1]
-    return {"offset": offset + len(data), "text": data.decode("utf-8", "replace"), "size": size}
 
 
 def op_poll(req):

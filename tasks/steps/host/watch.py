@@ -24,10 +24,12 @@ import re
 import socket
 import time
 
+from ...base.host import startlog
+from ...doctor.host import spec_evidence
 from ...gpu.host import nvsmi
+from ...startup.host import phases
 from ...transport.host.common import CONTEXT, expand, pid_alive, read_exit, read_stop
-from .probe import (LOG_CHUNK, http_get, probe_host, read_log, served_models, serving_elsewhere,
-                    tree_listeners)
+from .probe import http_get, probe_host, served_models, serving_elsewhere, tree_listeners
 
 TICK_S = 0.05          # how often the host looks: events are seen within ~25 ms on average
 HTTP_EVERY_S = 0.1     # once the port accepts: /health (and /v1/models) at most this often
@@ -75,14 +77,14 @@ def _hints(req):
     return cache[key]
 
 
-def hinted(hints, text):
-    """Whether new log text holds a line worth answering for (searched line by line, as
+def hinted(hints, lines):
+    """Whether new log lines hold one worth answering for (searched line by line, as
     the client's scanner does, so `^` anchors mean the start of a line)."""
-    if not text:
+    if not lines:
         return False
     if hints is None:
         return True
-    return any(h.search(line) for line in text.splitlines() for h in hints)
+    return any(h.search(line) for line in lines for h in hints)
 
 
 def _gpus(req):
@@ -98,31 +100,34 @@ def _gpus(req):
     return last[2]
 
 
-class _Log:
-    """New complete lines of the log after an offset, read only when the file grew."""
+class _Hints:
+    """The watch request's consumer of the log's lines: whether one matched a hint."""
 
-    def __init__(self, path, offset):
-        self.path, self.offset, self.size, self.parts, self.chars = path, offset, -1, [], 0
+    def __init__(self, hints):
+        self.hints, self.seen = hints, False
 
-    def poll(self, final=False):
-        """New text since the last poll ("" if none); `final`: the process is gone, so a last
-        line without its newline is read too."""
-        try:
-            size = os.stat(self.path).st_size
-        except OSError:
-            return ""
-        if size == self.size and not (final and size > self.offset):
-            return ""
-        self.size = size
-        r = read_log(self.path, self.offset, final=final)
-        self.offset = r["offset"]
-        if r["text"]:
-            self.parts.append(r["text"])
-            self.chars += len(r["text"])
-        return r["text"]
+    def feed_lines(self, lines, final=False):
+        self.seen = self.seen or hinted(self.hints, lines)
 
-    def result(self):
-        return {"offset": self.offset, "text": "".join(self.parts), "size": self.size}
+
+def start_log(rdir, req):
+    """The agent's StartLog of this start (from `start_offset`) at the request's `log_offset`,
+    feeding the start-up phases' Parser and, for vLLM, the speculative-decoding evidence: what
+    the ops at ready (`startup`, `spec_evidence`) answer from without reading the log again."""
+    path = os.path.join(rdir, "server.log")
+    offset = int(req.get("log_offset") or 0)
+    start = int(req.get("start_offset", offset) or 0)
+    log = startlog.of(path, start)
+    if log.offset != offset:  # not where the client is (a watch answer it never got): anew
+        startlog.forget(path, start)
+        log = startlog.of(path, start)
+    engine, version = req.get("engine"), phases.engine_version(rdir, req.get("engine_version"))
+    if engine and engine != "command":
+        phases.parser_of(log, engine, version, lambda: phases.process_started(req["pid"]) or time.time())
+        if engine == "vllm":
+            log.consumer("spec_evidence", spec_evidence.Head)
+    log.read_to(offset)
+    return log
 
 
 def op_watch(req):
@@ -134,22 +139,27 @@ def op_watch(req):
     addr = address(host, port)
     hints, seen = _hints(req), req.get("seen")
     out = {"gpus": _gpus(req)} if req.get("nvidia_smi") else {}
-    log = _Log(os.path.join(rdir, "server.log"), req.get("log_offset", 0))
+    log = start_log(rdir, req)
+    tick = log.consumers["watch"] = _Hints(hints)
+    parts, chars = [], 0
     health = models = None
     next_http, next_port_check, settle_until, why = 0.0, 0.0, None, None
     while why is None:
         now = time.monotonic()
         alive = pid_alive(pid)
-        text = log.poll()
+        text = log.read()
         if not alive:
-            log.poll(final=True)  # the agent saw the process gone: its last words are in
+            text += log.read(final=True)  # the agent saw the process gone: its last words are in
+        parts.append(text)
+        chars += len(text)
+        if not alive:
             why = "exited"
             break
-        if settle_until is None and hinted(hints, text):
+        if settle_until is None and tick.seen:
             settle_until = now + SETTLE_S
         elif settle_until is not None and now >= settle_until and (not text or now >= settle_until + 0.2):
             why = "hint"
-        if log.chars >= LOG_CHUNK:
+        if chars >= startlog.CHUNK:
             why = "log"
         if now >= next_http:
             health = models = None
@@ -175,7 +185,12 @@ def op_watch(req):
     state = {"alive": alive, "health": health if isinstance(health, int) else None, "models": models}
     if alive and health == 200:  # where it really listens, once it answers (deploy's exposure warning)
         out["listening"] = tree_listeners(pid, port)
-    out.update(alive=alive, exit=read_exit(rdir, pid), log=log.result(),
+    del log.consumers["watch"]
+    parser = next((c for c in log.consumers.values() if isinstance(c, phases.Parser)), None)
+    if parser is not None:  # the live phase, and the phases ended so far (tasks/startup/estimate.py)
+        out["startup"] = {"phase": parser.current, "ended": parser.ended()}
+    out.update(alive=alive, exit=read_exit(rdir, pid),
+               log={"offset": log.offset, "text": "".join(parts), "size": log.size},
                stopped=None if alive else read_stop(rdir, pid),  # by another task: not a failure
                health=health if alive else None, models=models if alive else None,
                state=state, why=why, held_s=round(time.monotonic() - t0, 3),
