@@ -1,5 +1,9 @@
 """Log bytes -> display lines, for `fab tail-log`. Pure: no I/O.
 
+Fatal lines are highlighted here, on the client, from the text alone: tail-log streams any
+release's log (an old one, one no watch read), so the text is all it has; the rule table's
+test is tasks/failures/logscan.py's, the one the deploy's verdict uses.
+
 Chunks arrive cut anywhere (mid-line, mid-character). Only complete lines are
 decoded, so a multi-byte character split across two chunks is never mangled;
 invalid UTF-8 becomes U+FFFD and never raises.

@@ -169,13 +169,13 @@ def test_explanation_message_is_cause_then_fix(profile):
     (r"Errno 98|Errno 99", "Errno 9"),                  # the common start of two alternatives
 ])
 def test_a_patterns_required_literal_is_text_every_match_contains(regex, needle):
-    from tasks.failures.rules.records import required_literal
+    from tasks.failures.host.records import required_literal
     assert required_literal(regex) == needle
 
 
 def test_a_case_insensitive_pattern_fires():
     # Issue 22: the literal prefilter was case-sensitive, so a (?i) pattern never fired.
-    from tasks.failures.rules.records import Pattern, Rule
+    from tasks.failures.host.records import Pattern, Rule
     rule = Rule("x", "x", 1, "c", "f", (Pattern(r"(?i)cuda out of memory", "test"),))
     assert rule.match("torch.OutOfMemoryError: CUDA Out Of Memory. Tried")
 

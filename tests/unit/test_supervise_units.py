@@ -109,8 +109,9 @@ FAILURES = sorted((REPO / "tests" / "fixtures" / "failures").glob("*.log")) \
 
 @pytest.mark.parametrize("log", FAILURES, ids=[f"{f.parent.name}/{f.stem}" for f in FAILURES])
 def test_the_host_picks_the_same_line_and_rule_as_the_explainer(rules, log):
-    """Every recorded failure log: hangwatch (on the host, from the rules as data)
-    names the line and rule tasks/failures/logscan.py names."""
+    """Every recorded failure log: hangwatch (on the host, the same scanner over the rules
+    as data) names the line and rule tasks/failures/logscan.py names: the table survives
+    its trip as supervise_rules.json."""
     scanner = logscan.LogScanner()
     scanner.feed(log.read_text(errors="replace"), final=True)
     line, rule = hangwatch.fatal_line(str(log), 0, rules)
@@ -229,3 +230,12 @@ def test_status_lines_for_backoff_and_gave_up():
     assert any("gave up: crash loop" in line for line in text)
     assert status_view.record(None) == {"restart": "no", "restarts": 0, "state": "off", "last": None,
                                         "next_attempt_in_s": None}
+
+
+def test_a_rule_pattern_this_python_cannot_compile_is_left_out_not_fatal():
+    from tasks.failures.host import records
+    table = [{"id": "a", "priority": 1, "wrapper": "", "patterns": [{"regex": "(?P<x", "after": None},
+                                                                    {"regex": "boom", "after": None}]},
+             {"id": "b", "priority": 5, "wrapper": "", "patterns": [{"regex": "x", "after": "(?P<y"}]}]
+    rules = records.from_data(table)
+    assert [(r.id, [p.regex for p in r.patterns]) for r in rules] == [("a", ["boom"])]

@@ -6,7 +6,7 @@
 page docs/reference/failure-rules.md is rendered from this module (tasks/docsgen.py).
 """
 from . import engine, runtime
-from .records import ABOVE, BELOW, ROOT, Pattern, Rule
+from ..host.records import ABOVE, BELOW, ROOT, Pattern, Rule
 
 EXITED = Rule(
     "exited", "exited without a known line", 0,

@@ -5,7 +5,7 @@ vLLM/SGLang repositories on GitHub, read with the search tools; several wordings
 are kept where one changed across versions). Priorities: 80-90 a precise root
 cause, 60-79 a generic one, below 20 a wrapper that only points at the cause.
 """
-from .records import ABOVE, BELOW, Pattern, Rule
+from ..host.records import ABOVE, BELOW, Pattern, Rule
 
 NUM = r"[\d,]+"     # vLLM prints plain ints; a comma-grouped figure is read too
 

@@ -3,7 +3,7 @@ multiprocessing), PyTorch/CUDA, NCCL, sockets, huggingface_hub and transformers.
 
 Each pattern names the library version(s) and file its wording was read in.
 """
-from .records import Pattern, Rule
+from ..host.records import Pattern, Rule
 
 PROG = r"^(?P<prog>[\w.-]+(?: [\w.-]+)?): error: "   # argparse prints "%(prog)s: error: %(message)s"
 

@@ -14,6 +14,12 @@ agent checks, every TICK_S on the host, what decides a deploy:
   closed: a server bound to the wrong port (why `wrong_port`, the port in `serving_on`), which
   would otherwise be waited for until the timeout. Checked at most every PORT_CHECK_S.
 
+The log is read through the agent's one reader of this start (tasks/base/host/startlog.py),
+which feeds the start-up phases' Parser (answered as `startup`: the live phase and the phases
+ended so far) and, for vLLM, the speculative-decoding evidence, so that the ops at ready
+answer from what was read here. Each answer carries the new lines once, for the client's
+scanner.
+
 It answers at once on such a change (or on the first request, `seen` None), else after
 `wait_s` with the progress so far. Cheap while a model loads: a tick is a /proc read,
 a stat of the log and one refused TCP connect; HTTP is spoken only once the port

@@ -4,21 +4,22 @@ Shipped into a supervised release with the supervisor (tasks/release/launcher.py
 server answered /health 200: no 200 for `hang_timeout` s since the last one (a probe
 fails after min(5, hang_timeout) s), or requests running/waiting while the generated-token
 counter in /metrics stays put for `hang_timeout` s. Busy and progressing, or idle with
-nothing waiting, is not hung. The fatal line is chosen from the failure-rule table as
-tasks/failures/logscan.py chooses it (a unit test holds the two to the same answers). Standard
-library only, Python >= 3.9.
+nothing waiting, is not hung. The fatal line is chosen from the failure-rule table by the
+client's own scanner (tasks/failures/host/logscan.py), reading the attempt's part of the log
+once (tasks/base/host/startlog.py). Standard library only, Python >= 3.9.
 """
 import http.client
 import json
 import os
-import re
 import time
 
+from ...base.host.startlog import StartLog
+from ...failures.host import records
+from ...failures.host.logscan import LogScanner
 from ...transport.host.common import Damaged, read_json
 
 # The failure-rule table (tasks/failures/rules/) comes as data: supervise_rules.json beside
-# this file, [{id, priority, wrapper, patterns: [{regex, after}]}], highest priority first.
-EXCEPTION = re.compile(r"^(?:\(\w+[^)]*\) )?(?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b(?::|$)")
+# this file, [{id, priority, wrapper, patterns: [{regex, after}]}] (tasks/release/launcher.py).
 READ_MAX = 4 << 20  # bytes of an attempt's log read for its fatal line (the tail if longer)
 
 # The Prometheus names of vLLM's and SGLang's counters llmfab reads, here and in
@@ -30,62 +31,31 @@ BUSY = RUNNING + WAITING
 
 
 def load_rules(path):
-    """[(id, wrapper, priority, [(regex, after or None)])] from supervise_rules.json, compiled."""
+    """The failure rules (tasks/failures/host/records.py Rule) from supervise_rules.json; [] if
+    it cannot be read."""
     try:
         with open(path) as f:
-            table = json.load(f)
+            return records.from_data(json.load(f))
     except (OSError, ValueError):
         return []
-    out = []
-    for r in table:
-        pats = []
-        for p in r.get("patterns", ()):
-            try:
-                pats.append((re.compile(p["regex"]), re.compile(p["after"]) if p.get("after") else None))
-            except re.error:
-                continue  # a pattern this Python cannot compile is skipped, not fatal
-        if pats:
-            out.append((r["id"], r.get("wrapper", ""), r.get("priority", 0), pats))
-    return out
-
-
-def _rule_of(rules, lines, n):
-    for rule_id, wrapper, priority, pats in rules:  # highest priority first, as tasks/failures/logscan.py
-        for regex, after in pats:
-            if regex.search(lines[n]) and (after is None or any(after.search(b) for b in lines[max(0, n - 4):n])):
-                return rule_id, wrapper, priority
-    return None
 
 
 def fatal_line(log_path, offset, rules=()):
     """(line, rule id) of what explains this attempt's end, from the log written since
-    `offset`: the highest-priority root-cause line (the earliest of equals), else the
-    first wrapper line (`Engine core initialization failed`, ...), as tasks/failures/logscan.py
-    decides; with no known line, (the last exception line of a traceback, None), else
-    (None, None)."""
+    `offset` (its last READ_MAX bytes): the line the client's explainer would name, by the same
+    scanner (tasks/failures/host/logscan.py); with no known line, (the last exception of a
+    traceback, "Type: message", None), else (None, None)."""
     try:
-        with open(log_path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(offset, size - READ_MAX))
-            text = f.read().decode("utf-8", "replace")
+        size = os.path.getsize(log_path)
     except OSError:
         return None, None
-    lines = text.splitlines()
-    roots, wrappers = [], []
-    for n in range(len(lines)):
-        hit = _rule_of(rules, lines, n)
-        if hit:
-            (wrappers if hit[1] else roots).append((n, hit[0], hit[2]))
-    if roots or wrappers:
-        n, rule_id, _ = min(roots, key=lambda x: (-x[2], x[0])) if roots else wrappers[0]
-        return lines[n].strip()[:500], rule_id
-    seen_traceback, last = False, None
-    for line in lines:
-        if "Traceback (most recent call last)" in line:
-            seen_traceback = True
-        elif seen_traceback and EXCEPTION.match(line.strip()):
-            last = line.strip()[:500]
-    return last, None
+    scanner = LogScanner(rules)
+    StartLog(log_path, max(offset, size - READ_MAX), {"fatal": scanner}).read(READ_MAX, final=True)
+    fatal = scanner.feed("", final=True)
+    if fatal is not None:
+        return fatal.line.strip()[:500], fatal.rule.id
+    last = scanner.last_exception()
+    return (last[:500] if last else None), None
 
 
 def metric_values(text):

@@ -5,7 +5,8 @@ A `Rule` says what one kind of start-up failure looks like in a server log (its
 wins when several lines match (`priority`), what it means (`cause`) and what to do
 (`fix`). `cause` and `fix` are templates: `{name}` is filled from the matched line's
 named groups, then from derived values (tasks/failures/explain.py: profile, host and GPU
-readings). Standard library only, Python 3.9+: the host side may read it too.
+readings). Host code (standard library only, Python 3.9+): the failure-rule table's records on
+the client, and what the supervisor makes of the table it gets as data (`from_data`).
 """
 import re
 from dataclasses import dataclass, field
@@ -98,3 +99,23 @@ class Rule:
             if m:
                 return p, m
         return None
+
+
+def from_data(table):
+    """Rules from the table as data ([{id, priority, wrapper, patterns: [{regex, after}]}], the
+    supervisor's supervise_rules.json, tasks/release/launcher.py), highest priority first. A
+    pattern this Python cannot compile (syntax newer than the host's) is left out, not fatal."""
+    out = []
+    for r in table:
+        pats = []
+        for p in r.get("patterns", ()):
+            try:
+                if p.get("after"):
+                    re.compile(p["after"])
+                pats.append(Pattern(p["regex"], "", after=p.get("after")))
+            except re.error:
+                continue
+        if pats:
+            out.append(Rule(r["id"], r["id"], r.get("priority", 0), "", "", tuple(pats),
+                            r.get("wrapper", ROOT)))
+    return sorted(out, key=lambda r: -r.priority)
