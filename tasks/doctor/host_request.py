@@ -5,7 +5,6 @@ target's config.json and evaluates the rule table over them; this module says wh
 method, directories, draft length, runner env and prefix caching the profile asks for, each
 with the profile key a message should name, and which FAIL rules the profile accepts.
 """
-from ..profile.models import models_request
 from ..profile.types import Profile
 
 
@@ -33,8 +32,9 @@ def _hub_only(profile):
 
 
 def doctor_request(profile: Profile):
-    """The doctor's inputs for this profile, or None when it does no speculative decoding."""
-    m = models_request(profile) or _hub_only(profile)
+    """The doctor's inputs for this profile, or None when it does no speculative decoding.
+    Built once per task: deploy's preflight request carries it, and deploy passes that on."""
+    m = profile.server.models or _hub_only(profile)
     if not m or not m.get("method"):
         return None
     v2 = profile.server.environ.v2_runner if profile.server.engine == "vllm" else None

@@ -1,17 +1,18 @@
 """The models a profile names, as the model-aware preflight checks them. Pure; no I/O.
 
-`models_request(profile)` returns the `models` section of the preflight request; the
+`models_request(server)` returns the `models` section of the preflight request; the
 host (tasks/steps/host/modelcheck.py) reads each model directory's config.json and runs
-the checks. Every value carries the profile key it came from, so a host-side message
+the checks, and the doctor's request (tasks/doctor/host_request.py) starts from it. It is
+built once, with the Server (tasks/profile/types.py), as `profile.server.models`: every
+reader asks that. Every value carries the profile key it came from, so a host-side message
 can say which line of the profile to change.
 
 Only absolute paths are model directories here (the same rule as the path checks in
 ServerArgs.model_paths); a Hugging Face id such as "Qwen/Qwen3.6-27B" is fetched by
-the engine itself and cannot be read beforehand. The flags come from `profile.server.flags`
-(tasks/profile/serverargs.py), where [server.args] is read once.
+the engine itself and cannot be read beforehand. The flags come from `server.flags`
+(tasks/profile/serverargs.py), where [server.args] is read once. This module imports
+nothing from the package: tasks/profile/types.py builds on it.
 """
-from .types import Profile
-
 # SGLang's --speculative-algorithm (checked case-insensitively by SGLang) -> vLLM's method names.
 SGLANG_ALGORITHMS = {"eagle": "eagle", "eagle3": "eagle3", "nextn": "mtp", "dflash": "dflash",
                      "standalone": "draft_model"}
@@ -42,8 +43,9 @@ def _absolute(path):
     return path if isinstance(path, str) and path.startswith("/") else None
 
 
-def models_request(profile: Profile):
-    """The `models` section of the preflight request, or None when there is nothing to read.
+def models_request(server):
+    """The `models` section of the preflight request for a Server (tasks/profile/types.py;
+    its `flags` and `environ` already read), or None when there is nothing to read.
 
     Keys: engine, target, draft (absolute dirs or None), method (lower case, vLLM's names),
     spec_tokens {value, key, over}: tokens drafted per step and how far past
@@ -51,7 +53,7 @@ def models_request(profile: Profile):
     anchor too), max_model_len {value, key}, tp {value, key}, v2_runner (bool), keys {...}
     naming where target/draft/method came from.
     """
-    s = profile.server
+    s = server
     if s.engine not in ("vllm", "sglang"):
         return None
     args = s.flags

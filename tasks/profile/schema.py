@@ -227,10 +227,10 @@ def _server(ck, s):
     env = ck.get(s, p, "env", lambda c, v, q: read_env(c, v, q), ())
     runtime = ck.get(s, p, "runtime", lambda c, v, q: c.matches(
         v, q, "|".join(RUNTIMES), " | ".join(f'"{r}"' for r in RUNTIMES)), "process")
+    if engine == "vllm":  # before the Server, which reads them (its `models`)
+        _vllm_int_flags(ck, p + ("env",), env)
     server = Server(engine=engine, python=python, model=model, host=host, port=port,
                     command=command, args=args, env=env, files=files, runtime=runtime)
-    if engine == "vllm":
-        _vllm_int_flags(ck, p + ("env",), env)
     flag = server.flags.get("port")
     if flag is not None and flag.value != port:
         # Readiness polls server.port; a different --port in args would wait on the wrong port

@@ -13,6 +13,7 @@ from typing import Optional, Tuple, Union
 from .checktable import CheckCfg
 from .systemd_table import SystemdCfg
 from ..release.host.release_dirs import KEEP_RELEASES
+from .models import models_request
 from .serverargs import JsonTable, ServerArgs
 from .serverenv import ServerEnv
 
@@ -67,10 +68,14 @@ class Server:
     flags: ServerArgs = field(init=False, repr=False, compare=False)
     # `env` read once: what every reader of [server.env] asks (tasks/profile/serverenv.py)
     environ: ServerEnv = field(init=False, repr=False, compare=False)
+    # the models it names, read from both once: the preflight's `models` section, where the
+    # doctor's request starts (tasks/profile/models.py); None: nothing to read. Never changed.
+    models: Optional[dict] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "flags", ServerArgs.parse(self.args))
         object.__setattr__(self, "environ", ServerEnv(self.env))
+        object.__setattr__(self, "models", models_request(self))
 
     @property
     def interpreter(self):

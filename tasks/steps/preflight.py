@@ -7,7 +7,6 @@ prints one line per check and stops the task on any FAIL (exit 1, nothing launch
 """
 from ..errors import PreflightFailed
 from .host.probe import ALL_INTERFACES
-from ..profile.models import models_request
 from ..output import Block
 from ..profile.types import Profile
 from ..doctor.host_request import doctor_request
@@ -52,8 +51,10 @@ def preflight_request(profile: Profile, state=None):
         devices=list(profile.gpu.devices) if profile.gpu.devices is not None else None,
         min_free_mib=profile.gpu.min_free_mib,
         ask=memory_ask(profile),  # what the engine will take of each GPU (tasks/gpu/ask.py)
-        models=models_request(profile),
-        doctor=doctor_request(profile),  # the rules of tasks/doctor/host/spec_rules.py
+        models=profile.server.models,  # built with the profile (tasks/profile/models.py)
+        # the rules of tasks/doctor/host/spec_rules.py; deploy hands this section on to the
+        # ready line's log scan (tasks/doctor/findings.py at_ready) instead of building it again
+        doctor=doctor_request(profile),
     )
     server = (state or {}).get("server") or {}
     if state and state.get("alive") and server.get("port") == s.port:
@@ -187,8 +188,10 @@ def secret_checks(profile: Profile):
 
 def run_preflight(host, reporter, req, extra=()):
     """Run the host's preflight (plus the client's `extra` checks); print one line per check;
-    raise PreflightFailed on any FAIL. Returns every check."""
-    checks = host.call("preflight", timeout=120, **req)["checks"] + list(extra)
+    raise PreflightFailed on any FAIL. Returns the host's answer: {checks: every check,
+    spec_facts: the doctor's facts, which deploy keeps in the release, or None}."""
+    answer = host.call("preflight", timeout=120, **req)
+    checks = answer["checks"] + list(extra)
     print_checks(reporter, host.name, checks)
     counts = {s: sum(c["status"] == s for c in checks) for s in ("OK", "WARN", "FAIL")}
     reporter.line(host.name, f"preflight: {len(checks)} checks: {counts['OK']} OK, "
@@ -202,6 +205,6 @@ def run_preflight(host, reporter, req, extra=()):
         plain, findings = split(checks)
         err.json_extra = {"checks": plain, "findings": findings}
         raise err
-    return checks
+    return dict(answer, checks=checks)
 
 

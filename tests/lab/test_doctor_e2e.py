@@ -185,6 +185,10 @@ def test_fixed_version_at_62_percent_is_healthy(lab):
         assert d.returncode == 0, d.stdout + d.stderr
         assert "aux layers (2, 17, 32, 47, 62) from the config = the drafter's target_layer_ids + 1" \
             in d.stdout, d.stdout
+        # the preflight's facts, kept with the release for the ready line, status and bench
+        kept = lab.home("h1") / "llmfab" / "fixed" / "current" / "spec-facts.json"
+        facts = json.loads(kept.read_text())
+        assert facts["version"] == "0.33.0" and facts["layer_ids"] == [1, 16, 31, 46, 61], facts
         s0 = lab.fab("status", "--json", profile=prof)
         assert json.loads(s0.stdout.splitlines()[-1])["spec"]["verdict"] is None  # no drafts yet
         b = lab.fab("bench", "--json", "--repeat", "2", "--requests", "8", "--max-tokens", "256",
@@ -197,6 +201,10 @@ def test_fixed_version_at_62_percent_is_healthy(lab):
         st = json.loads(s.stdout.splitlines()[-1])["spec"]
         assert st["acceptance_rate"] == pytest.approx(0.62, abs=0.01)
         assert st["verdict"] == "healthy" and st["findings"] == [] and st["evidence"]["k"] == 15
+        kept.write_text('{"version": ')  # damaged: status computes the facts again
+        s = lab.fab("status", "--json", profile=prof)
+        st = json.loads(s.stdout.splitlines()[-1])["spec"]
+        assert st["verdict"] == "healthy" and st["findings"] == [] and st["evidence"]["k"] == 15, s.stderr
     finally:
         lab.fab("stop", "--grace", "5", profile=prof)
 

@@ -232,3 +232,36 @@ def test_a_fail_line_says_how_to_accept_it(tmp_path):
     [line] = [c for c in spec_check.checks(found) if c["check"] == "vllm-dflash-swa-ignored"]
     assert line["status"] == "FAIL"
     assert '; or, knowing better, [check] accept = ["vllm-dflash-swa-ignored"] [' in line["message"]
+
+
+def _release(tmp_path, kept=None):
+    """An op_spec_evidence request for a release directory holding `kept` as its
+    spec-facts.json (a dict, or text as written: damage), or none."""
+    rdir = tmp_path / "deploy" / "releases" / "r1"
+    rdir.mkdir(parents=True)
+    if kept is not None:
+        (rdir / spec_facts.FACTS_FILE).write_text(kept if isinstance(kept, str) else json.dumps(kept))
+    return {"deploy_dir": str(tmp_path / "deploy"), "release": "r1", "scan": False}
+
+
+def test_status_judges_the_facts_the_preflight_kept_with_the_release(tmp_path):
+    """The preflight found vLLM 0.24.0 and a mixed sliding-window drafter: what the release runs.
+    Status (asking with another version, the drafter's config.json changed since) judges those."""
+    req = request(tmp_path)
+    kept = spec_facts.facts(req, "0.24.0")
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(ALL_FULL))
+    ans = spec_evidence.op_spec_evidence(dict(_release(tmp_path, kept), doctor=dict(req, version="0.33.0")))
+    assert ans["version"] == "0.24.0"
+    assert "vllm-dflash-swa-ignored" in [f["rule"] for f in ans["findings"]]
+    # the profile's [check] accept of now still applies to the kept facts
+    accepted = dict(req, version="0.33.0", accept=["vllm-dflash-swa-ignored"])
+    ans = spec_evidence.op_spec_evidence(dict(_release(tmp_path / "b", kept), doctor=accepted))
+    assert [f.get("accepted") for f in ans["findings"] if f["rule"] == "vllm-dflash-swa-ignored"] == [True]
+
+
+@pytest.mark.parametrize("kept", [None, "{not json", "[1, 2]", ""])
+def test_missing_or_damaged_kept_facts_are_computed_again(tmp_path, kept):
+    req = dict(request(tmp_path), version="0.24.0")
+    ans = spec_evidence.op_spec_evidence(dict(_release(tmp_path, kept), doctor=req))
+    assert ans["version"] == "0.24.0" and ans["layer_ids"] == [1, 16, 31, 46, 61]
+    assert "vllm-dflash-swa-ignored" in [f["rule"] for f in ans["findings"]]

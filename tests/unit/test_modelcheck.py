@@ -9,7 +9,6 @@ import pytest
 from tasks.steps.host import modelcheck
 from tasks.doctor.host import spec_check, spec_facts
 from tasks.profile.types import Gpu, JsonTable, Profile, Ready, Secret, Server, Target
-from tasks.profile.models import models_request
 
 from helpers import DRAFT, TARGET
 
@@ -213,9 +212,8 @@ SPEC = JsonTable('{"method":"dflash","model":"/root/models/Qwen3.6-27B-DFlash","
 
 
 def test_vllm_request_names_every_key():
-    m = models_request(profile(args=[("tensor-parallel-size", 2), ("max-model-len", "64k"),
-                                     ("speculative-config", SPEC)],
-                               env=[("VLLM_USE_V2_MODEL_RUNNER", "1")]))
+    m = profile(args=[("tensor-parallel-size", 2), ("max-model-len", "64k"), ("speculative-config", SPEC)],
+                env=[("VLLM_USE_V2_MODEL_RUNNER", "1")]).server.models  # built with the Server
     assert m == dict(engine="vllm", target="/root/models/Qwen3.6-27B",
                      draft="/root/models/Qwen3.6-27B-DFlash", method="dflash",
                      keys={"target": "server.model", "draft": "server.args.speculative-config.model",
@@ -227,22 +225,22 @@ def test_vllm_request_names_every_key():
 
 
 def test_vllm_request_variants():
-    m = models_request(profile(args=[("tp", 4), ("speculative_config.model", "/d/Qwen-DFlash"),
-                                     ("speculative_config.num_speculative_tokens", 7)],
-                               env=[("VLLM_USE_V2_MODEL_RUNNER", Secret("X", "0"))]))
+    m = profile(args=[("tp", 4), ("speculative_config.model", "/d/Qwen-DFlash"),
+                      ("speculative_config.num_speculative_tokens", 7)],
+                env=[("VLLM_USE_V2_MODEL_RUNNER", Secret("X", "0"))]).server.models
     assert (m["draft"], m["method"], m["spec_tokens"]["value"], m["tp"], m["v2_runner"]) == (
         "/d/Qwen-DFlash", "dflash", 7, {"value": 4, "key": "server.args.tp"}, False)
-    mtp = models_request(profile(args=[("speculative-config", JsonTable('{"method":"mtp"}'))]))
+    mtp = profile(args=[("speculative-config", JsonTable('{"method":"mtp"}'))]).server.models
     assert (mtp["draft"], mtp["method"], mtp["max_model_len"], mtp["tp"]) == (None, "mtp", None, None)
-    assert models_request(profile(model="Qwen/Qwen3.6-27B")) is None
-    assert models_request(profile(engine="command", model="/m")) is None
+    assert profile(model="Qwen/Qwen3.6-27B").server.models is None
+    assert profile(engine="command", model="/m").server.models is None
 
 
 def test_sglang_request():
-    m = models_request(profile(engine="sglang", args=[
+    m = profile(engine="sglang", args=[
         ("tp-size", 2), ("context-length", 32768), ("speculative-algorithm", "EAGLE3"),
         ("speculative-draft-model-path", "/root/models/Qwen3.6-27B-EAGLE3"),
-        ("speculative-num-draft-tokens", 4)]))
+        ("speculative-num-draft-tokens", 4)]).server.models
     assert m["method"] == "eagle3" and m["draft"] == "/root/models/Qwen3.6-27B-EAGLE3"
     assert m["keys"]["method"] == "server.args.speculative-algorithm"
     assert m["spec_tokens"] == {"value": 4, "key": "server.args.speculative-num-draft-tokens", "over": 1}
@@ -251,7 +249,7 @@ def test_sglang_request():
 
 def test_shipped_dflash_profile():
     from tasks.profile import load_profile
-    m = models_request(load_profile(REPO / "configs" / "qwen3.6-27b-dflash.toml", environ={}))
+    m = load_profile(REPO / "configs" / "qwen3.6-27b-dflash.toml", environ={}).server.models
     assert (m["target"], m["draft"], m["method"], m["v2_runner"]) == (
         "/root/models/Qwen3.6-27B", "/root/models/Qwen3.6-27B-DFlash", "dflash", True)
     assert (m["spec_tokens"]["value"], m["tp"]["value"], m["max_model_len"]["value"]) == (15, 2, 65536)

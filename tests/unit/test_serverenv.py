@@ -11,7 +11,6 @@ from tasks.failures.logscan import LogScanner
 from tasks.kill_gpu_procs import selection
 from tasks.options import KillGpuProcsOptions
 from tasks.profile import load_profile
-from tasks.profile.models import models_request
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "failures"
 
@@ -37,7 +36,7 @@ def spec_profile(tmp_path, env_line="", drafter="/models/drafter", k="3"):
                                      ('"0"', False), ("false", False)])
 def test_the_v2_runner_variable_reads_as_vllm_reads_it_everywhere(tmp_path, toml, on):
     p = spec_profile(tmp_path, f"VLLM_USE_V2_MODEL_RUNNER = {toml}")
-    assert models_request(p)["v2_runner"] is on
+    assert p.server.models["v2_runner"] is on
     assert doctor_request(p)["v2_env"] == ("1" if on else "0")
 
 
@@ -51,7 +50,7 @@ def test_a_v2_runner_value_vllm_cannot_read_is_refused(tmp_path, toml):
 
 def test_an_unset_v2_runner_variable_is_the_versions_default(tmp_path):
     p = spec_profile(tmp_path)
-    assert models_request(p)["v2_runner"] is False and doctor_request(p)["v2_env"] is None
+    assert p.server.models["v2_runner"] is False and doctor_request(p)["v2_env"] is None
 
 
 # vLLM's SpeculativeConfig is a pydantic dataclass: num_speculative_tokens "3" or 3.0 is 3 (seen in

@@ -89,9 +89,13 @@ def run(req):
     return facts, evaluate(facts, req.get("accept") or ())
 
 
-def summary(doctor):
-    """(facts, what status and bench need to judge live acceptance: findings, method, k, ...)."""
-    facts, found = run(doctor)
+def summary(doctor, facts=None):
+    """(facts, what status and bench need to judge live acceptance: findings, method, k, ...).
+    `facts`: those the preflight kept with the release (spec_facts.kept), else computed now."""
+    if facts is None:
+        facts, found = run(doctor)
+    else:
+        found = evaluate(facts, (doctor or {}).get("accept") or ())
     return facts, {"version": facts.get("version"), "findings": found,
                    "method": facts.get("method"), "k": facts.get("k"),
                    "prefix_caching": facts.get("prefix_caching"),

@@ -21,7 +21,7 @@ import json
 import os
 import re
 
-from . import spec_check
+from . import spec_check, spec_facts
 from ...base.host import startlog
 from ...transport.host.common import expand, write_json
 from .spec_rules import LOG_RULES
@@ -137,14 +137,15 @@ def generation_config(doctor):
 
 def op_spec_evidence(req):
     """The doctor's view of a release, in one request: the version and config findings
-    (spec_check.summary) and the start-up log's evidence: scanned now and stored (`scan`:
-    true, deploy at ready), else read from spec-evidence.json (status, bench)."""
-    facts, out = spec_check.summary(req.get("doctor"))
+    (spec_check.summary, over the facts the preflight kept in the release: spec_facts.kept)
+    and the start-up log's evidence: scanned now and stored (`scan`: true, deploy at ready),
+    else read from spec-evidence.json (status, bench)."""
+    rdir = os.path.join(expand(req["deploy_dir"]), "releases", req["release"]) if req.get("release") else None
+    facts, out = spec_check.summary(req.get("doctor"), spec_facts.kept(rdir) if rdir else None)
     out["evidence"] = None
     out["generation_config"] = generation_config(req.get("doctor") or {})
-    if not facts or not req.get("release"):
+    if not facts or rdir is None:
         return out
-    rdir = os.path.join(expand(req["deploy_dir"]), "releases", req["release"])
     path = os.path.join(rdir, EVIDENCE_FILE)
     if not req.get("scan"):
         try:

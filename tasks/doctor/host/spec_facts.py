@@ -8,6 +8,12 @@ compare (`sliding`, `runner`, ...) and the words their messages quote (`draft_co
 Where a field may live follows vLLM, as in modelcheck.py: DFlash's block_size,
 mask_token_id and target_layer_ids under `dflash_config`, else at the top level; the
 target's sizes under `text_config` when it has one.
+
+They are computed once per deployment, by the preflight (the engine version as the
+server's environment has it), and kept in the release directory as FACTS_FILE (deploy
+pushes them there with the release's other files); the ready line's log scan, status and
+bench read them with `kept(rdir)`, and compute them again only where the file is missing
+(a release by an older llmfab) or damaged.
 Standard library only; Python >= 3.9.
 """
 import json
@@ -15,8 +21,10 @@ import os
 
 from . import versions
 from .spec_rules import FORCES_V2_FOR_MIXED_DFLASH, RUNNER_DEFAULTS
+from ...transport.host.common import Damaged, read_json
 
 SLIDING = "sliding_attention"
+FACTS_FILE = "spec-facts.json"
 NEEDS = {"dflash": ("block_size", "mask_token_id", "target_layer_ids")}
 
 
@@ -141,3 +149,13 @@ def facts(req, version):
                 _against_target(f, target_data)
     _runner(f, req.get("v2_env"), version)
     return f
+
+
+def kept(rdir):
+    """The facts the preflight found for the release in directory `rdir` (FACTS_FILE), or
+    None: never kept (a release by an older llmfab, or one without speculative decoding) or
+    damaged (read_json's Damaged); then the caller computes them again."""
+    try:
+        return read_json(os.path.join(rdir, FACTS_FILE))
+    except Damaged:
+        return None

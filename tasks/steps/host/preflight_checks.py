@@ -241,6 +241,9 @@ def _container_spec(req):
 
 
 def run(req):
+    """The preflight's answer: {checks, spec_facts}: the doctor's facts of a speculative
+    deployment (tasks/doctor/host/spec_facts.py), which deploy keeps in its release as
+    spec-facts.json for the ready line, status and bench to read; else None."""
     runtime = runtimes.for_server({"runtime": req.get("runtime")})
     # systemd or a container engine present and working (tasks/runtime/host/)
     found = runtime.check(req) if runtime is not None else []
@@ -252,11 +255,13 @@ def run(req):
     checks = [check_python()] + (found + [engine] if spec else [engine] + found)
     checks += check_paths(req.get("paths", []), req.get("pulled"))
     checks += modelcheck.run(req.get("models"))
-    if (req.get("doctor") or {}).get("method"):  # rules of doctor_rules.py (a speculative method)
+    facts = None
+    if (req.get("doctor") or {}).get("method"):  # rules of doctor/host/spec_rules.py (a speculative method)
         from ...doctor.host import spec_check
         # the engine version as the server's environment has it (the check above)
         doctor = dict(req["doctor"], version=(engine.get("engine") or {}).get("version"))
-        checks += spec_check.checks(spec_check.run(doctor)[1])
+        facts, found = spec_check.run(doctor)
+        checks += spec_check.checks(found)
     checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
     if req.get("deploy_dir"):
         checks.append(check_disk(req["deploy_dir"]))
@@ -266,7 +271,7 @@ def run(req):
     if req.get("deploy_dir"):
         checks += check_orphans(req["deploy_dir"], held)
         checks += check_neighbours(held)
-    return checks
+    return {"checks": checks, "spec_facts": facts}
 
 
 def gpu_holders(ddir, nvidia_smi, devices):
@@ -303,7 +308,7 @@ def check_neighbours(held):
 
 
 def op_preflight(req):
-    return {"checks": run(req)}
+    return run(req)
 
 
 def op_host_facts(req):
