@@ -3,7 +3,7 @@
     load.py       read the `extends` chain, merge, validate, keep the merged TOML text
     schema.py     the tables and keys a profile may have, built into the types below
     args.py       `[server.args]` and `[server.env]` values: flags, JSON tables, secrets
-    check.py      the checker that names the file, key path and what was expected
+    readers.py    the checker that names the file, key path and what was expected
     types.py      the frozen records (Profile, Server, Target, Ready, Gpu, Cluster, ...)
     serverargs.py [server.args] read once (Server.flags): lookup by any spelling, dotted keys,
                   the speculative config, served name, API key, model paths

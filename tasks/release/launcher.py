@@ -279,7 +279,6 @@ def _supervisor(here):
 SUPERVISOR_PACKAGE = HOST_PACKAGE
 SUPERVISOR_FILES = ("supervise_rules.json", SUPERVISOR_PACKAGE)  # names in the release
 SUPERVISING = ("running", "backoff", "waiting-for-gpu")  # supervisor states that may still launch
-SUPERVISED_GRACE_S = DEFAULT_GRACE_S  # what is left of a crashed attempt gets fab stop's default grace
 
 
 def supervise_config(profile: Profile):
@@ -289,7 +288,9 @@ def supervise_config(profile: Profile):
     host = probe_host(srv.host)
     return {"restart": s.restart, "max_restarts": s.max_restarts, "window": s.window,
             "backoff": s.backoff, "backoff_max": s.backoff_max, "hang_timeout": s.hang_timeout,
-            "memory_timeout": s.memory_timeout, "grace": SUPERVISED_GRACE_S, "port": srv.port,
+            "memory_timeout": s.memory_timeout,
+            "grace": DEFAULT_GRACE_S,  # what is left of a crashed attempt: fab stop's default grace
+            "port": srv.port,
             "probe_host": host, "health_path": profile.ready.health_path,
             "metrics_path": None if srv.engine == "command" else "/metrics"}
 

@@ -43,7 +43,7 @@ def by_status(records, status):
 
 def preflight(req):
     """The host preflight's model records: modelcheck's, then the doctor's rules that hold on
-    any engine version (tasks/doctor/host/spec_check.py; version rules: test_specrules.py)."""
+    any engine version (tasks/doctor/host/spec_check.py; version rules: test_doctor_rules.py)."""
     doctor = {"engine": req["engine"], "method": req["method"], "method_key": req["keys"].get("method"),
               "draft": req["draft"], "draft_key": req["keys"].get("draft"), "target": req["target"],
               "k": req.get("spec_tokens"), "v2_env": "1" if req.get("v2_runner") else None,
@@ -52,7 +52,7 @@ def preflight(req):
 
 
 def test_zlab_drafter_on_its_target_passes(tmp_path):
-    # Sliding-window layers are judged by the doctor with the engine version (test_specrules.py).
+    # Sliding-window layers are judged by the doctor with the engine version (test_doctor_rules.py).
     records = preflight(request(tmp_path))
     assert [r["status"] for r in records] == ["OK"] * len(records), records
     checks = {r["check"] for r in records}

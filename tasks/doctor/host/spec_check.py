@@ -1,8 +1,8 @@
-"""The doctor's evaluator: the rule table (doctor_rules.py) over one deployment's facts.
+"""The doctor's evaluator: the rule table (spec_rules.py) over one deployment's facts.
 
 A finding is {rule, severity, message, fix, source, evidence} (docs/doctor.md): evidence is
 "version" for a rule with a version range, "config" for one that holds on any version, and
-"log" for what the start-up log showed (doctor_log.py). A FAIL the profile accepts
+"log" for what the start-up log showed (spec_evidence.py). A FAIL the profile accepts
 (`[check] accept`) becomes severity WARN with accepted: true. `checks(findings)` turns them
 into preflight records {check, status, message, finding}, so a FAIL stops a deploy like any
 failed check and nothing else needs to know about rules.

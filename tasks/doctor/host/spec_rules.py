@@ -2,7 +2,7 @@
 
 Each Rule is a plain record. `when` is the condition: every (fact, wanted) pair must hold,
 `wanted` being a value or a tuple of values any of which will do; the facts are computed by
-doctor_facts.py from the engine version, the drafter's and the target's config.json, the
+spec_facts.py from the engine version, the drafter's and the target's config.json, the
 profile's args and env. `versions` is a range (versions.py) of the engine version; a rule
 with a range is "version-based" (evidence "version"). `message` and `fix` are format strings
 over the facts. `rank` orders likely causes in the live verdict (lower = more likely to be
@@ -106,10 +106,10 @@ RULES = (
          "vllm/config/speculative.py (the drafter's config.json is read at engine start)", 0),
 )
 
-# What the start-up log shows (doctor_log.py reads it while deploy waits): these hold whatever
+# What the start-up log shows (spec_evidence.py reads it once the server is ready): these hold whatever
 # the version says (a patched or nightly build), and carry evidence "log". The facts are
 # `aux_layers` (the tuple the runner logged), `aux_from` ("config" | "model") and the
-# drafter's ids, compared in doctor_log.log_facts.
+# drafter's ids, compared in spec_evidence.log_facts.
 LOG_RULES = (
     Rule("vllm-dflash-layer-offset", "vllm", "", (("method", "dflash"), ("aux_unshifted", True)),
          "WARN",

@@ -5,7 +5,7 @@ A version is what package metadata says (`importlib.metadata.version("vllm")`): 
 follows PEP 440 closely enough for the ranges used here: a dev or rc build of X sorts before
 X, a post release after it, and a local tag (+...) is ignored. A nightly of 0.21.1 is thus
 inside ">=0.21.0,<0.22.0": rules judge it like its release line, and the start-up log (see
-doctor_log.py) settles what the build really does.
+spec_evidence.py) settles what the build really does.
 
 A range is comma-separated clauses, all of which must hold: ">=0.20.0,<0.22.0". The empty
 range matches every version, and an unknown version (None) matches only the empty range.

@@ -88,7 +88,7 @@ def check_dflash(draft, target, m, out):
     for key in ("block_size", "mask_token_id", "target_layer_ids"):
         value, named = draft.get(key, sections)
         if value is None:
-            continue  # the doctor's rule spec-drafter-config (doctor_rules.py) reports it
+            continue  # the doctor's rule spec-drafter-config (doctor/host/spec_rules.py) reports it
         elif key == "target_layer_ids" and not (
                 isinstance(value, list) and value and all(_int(i) is not None for i in value)):
             fails.append("%s: %s = %s is not a non-empty list of layer numbers" % (draft.path, named, json.dumps(value)))
@@ -101,7 +101,7 @@ def check_dflash(draft, target, m, out):
         fails += _against_target(draft, target, found)
     out += [_rec("dflash", "FAIL", f) for f in fails]
     # Draft length, layer ranges, the mask token and sliding-window layers are the doctor's
-    # rules (doctor_rules.py: ids a profile can accept), judged with the engine version there.
+    # rules (doctor/host/spec_rules.py: ids a profile can accept), judged with the engine version there.
     notes = []
     spec = m.get("spec_tokens")
     if "block_size" in found and spec and spec["value"] <= found["block_size"][0] - 1 + spec["over"]:

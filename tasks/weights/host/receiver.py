@@ -4,7 +4,8 @@ Ops (ops.py): weights_plan (which files are present and verified, which partial,
 space, this host's address), weights_prepare, weights_grant / weights_revoke (the pull's
 own SSH key, authorised here only while the pull runs), weights_send (stream a verified
 file to another host over SSH) and weights_manifest. Bytes arrive through `receive()`,
-this very file run as a script (`python3 weights.py PULL_ID`): the controller runs it on
+this very file run as a script (access.py copies it into place as `<pull>.receive.py`,
+run as `python3 <pull>.receive.py PULL_ID`): the controller runs it on
 its own SSH connection, another host reaches it as the forced command of the pull's key.
 It appends to `.NAME.llmfab-part` from the offset asked, checks size and sha256, and only
 then renames to NAME. A file counts as verified without re-hashing when its size, mtime
