@@ -29,8 +29,8 @@ def read_args(ck, tbl, path):
     """`[server.args]` -> tuple of (flag, value) in file order; see module model.ArgValue."""
     if not isinstance(tbl, dict):
         ck.fail(path, "a table of flags", tbl)
-    seen = {}           # normalised flag name -> the key as written
-    dotted_parts = {}   # "speculative-config" -> "speculative-config.method" as written
+    seen: dict = {}           # normalised flag name -> the key as written
+    dotted_parts: dict = {}   # "speculative-config" -> "speculative-config.method" as written
     out = []
     for name, v in tbl.items():
         p = path + (name,)

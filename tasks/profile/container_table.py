@@ -70,7 +70,8 @@ def _mounts(ck, v, path):
         if not m or ".." in text.split("/"):
             ck.fail(path + (i,), '"SRC:DST" or "SRC:DST:ro", both absolute paths without ".." '
                                  "or ':'", text)
-        out.append((m.group(1), m.group(2), bool(m.group(3))))
+        else:
+            out.append((m.group(1), m.group(2), bool(m.group(3))))
     return tuple(out)
 
 

@@ -9,10 +9,10 @@ generates its connector pages from the description and default beside each conne
 minimal profile and checks each such default against what the loader really gives. A default
 that depends on something else is said in words; "required" marks a key that must be set.
 """
-from typing import NamedTuple
+from typing import Dict, NamedTuple
 
 # table name ("" for the top level) -> {key name: Key}, in the order the tables were declared
-TABLES = {}
+TABLES: Dict[str, dict] = {}
 
 
 class Key(NamedTuple):

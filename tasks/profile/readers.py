@@ -10,6 +10,7 @@ import difflib
 import json
 import math
 import re
+from typing import NoReturn
 
 from ..errors import ProfileError
 from .toml_text import key as _toml_key
@@ -65,11 +66,11 @@ class Checker:
                 return found
         return self.top
 
-    def fail(self, path, expected, got=_NO_VALUE, *, file=None):
+    def fail(self, path, expected, got=_NO_VALUE, *, file=None) -> NoReturn:
         got = None if got is _NO_VALUE else describe(got)
         raise ProfileError(file or self.file_of(path), dotted(path), expected, got=got)
 
-    def missing(self, path, expected):
+    def missing(self, path, expected) -> NoReturn:
         self.fail(path, f"required key is missing; expected {expected}", file=self.top)
 
     def table(self, value, path, known):

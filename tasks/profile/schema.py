@@ -270,7 +270,8 @@ def _files(ck, v, path):
     """Paths relative to the profile that wrote them -> absolute local paths of regular files."""
     names = ck.strings(v, path, nonempty=False)
     base = os.path.dirname(os.path.abspath(ck.file_of(path)))
-    out, seen = [], {}
+    out: list = []
+    seen: dict = {}
     for i, name in enumerate(names):
         full = os.path.realpath(os.path.join(base, os.path.expanduser(name)))
         if not os.path.isfile(full):

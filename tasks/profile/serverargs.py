@@ -17,7 +17,7 @@ This module imports nothing from the package: tasks/profile/types.py builds on i
 """
 import json
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 
 def flag_key(name):
@@ -137,8 +137,8 @@ class ServerArgs:
     @classmethod
     def parse(cls, pairs):
         """The (key as written, value) pairs of [server.args] -> ServerArgs."""
-        by_flag = {}  # normalised flag -> Flag, in file order
-        tables = {}   # flag given as dotted keys -> (its name as written, {key: value})
+        by_flag: Dict[str, Optional[Flag]] = {}  # normalised flag -> Flag, in file order
+        tables: Dict[str, Tuple[str, dict]] = {}  # flag given as dotted keys -> (its name as written, {key: value})
         for name, value in pairs:
             whole, dot, sub = flag_key(name).partition(".")
             if not dot:
@@ -152,7 +152,7 @@ class ServerArgs:
             if by_flag[whole] is None:  # (a whole value as well is refused by profile/args.py)
                 by_flag[whole] = Flag(key, JsonTable(json.dumps(table, separators=(",", ":"),
                                                                 ensure_ascii=False)))
-        return cls(tuple(by_flag.items()))
+        return cls(tuple((k, f) for k, f in by_flag.items() if f is not None))  # none is left None
 
     def get(self, *names):
         """The Flag of the first of `names` that is set (any spelling), else None."""

@@ -17,7 +17,7 @@ _ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f
 
 def dumps(data):
     """Serialise a dict as a TOML document: scalars first, then one `[header]` per sub-table."""
-    lines = []
+    lines: list = []
     _table(data, (), lines)
     return "\n".join(lines).strip("\n") + "\n"
 

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+from typing import Any, Optional
 
 from .agent_code import AGENT_FLAGS, TASKS, bootstrap, payload
 from ..errors import OperationFailed
@@ -136,11 +137,12 @@ class Host:
         self.python = python
         self.connect_timeout = connect_timeout
         self.accept_new_host_keys = accept_new_host_keys
-        self.cxn = None
-        self._chan = None
-        self._ssh_chan = None
-        self._proc = None
-        self._sftp = None
+        self.cxn: Any = None                             # fabric Connection, once connected
+        self.hello: Optional[dict] = None                # the agent's hello record, once started
+        self._chan: Optional[_Channel] = None
+        self._ssh_chan: Any = None                       # paramiko Channel of the agent's command
+        self._proc: Optional[subprocess.Popen] = None    # the agent here (a local host)
+        self._sftp: Any = None
         self.stats = {"connections": 0, "commands": 0, "requests": 0}
         self.code_dir = TASKS  # whose host/ packages are the agent (tests point it at a modified copy)
 
@@ -155,13 +157,14 @@ class Host:
 
     def close(self):
         self._chan = None
-        if self._proc is not None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
             try:
-                self._proc.stdin.close()
-                self._proc.wait(timeout=5)
+                if proc.stdin is not None:  # a pipe: Popen(stdin=PIPE) in start()
+                    proc.stdin.close()  # the agent sees EOF and ends
+                proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
-                self._proc.kill()
-            self._proc = None
+                proc.kill()
         ssh_chan, self._ssh_chan = self._ssh_chan, None
         if ssh_chan is not None:
             try:
@@ -238,7 +241,10 @@ class Host:
         return self.hello
 
     def _local_death(self):
-        code = self._proc.wait()
+        proc = self._proc
+        if proc is None:
+            return "connection closed"
+        code = proc.wait()
         self._stderr.seek(0)
         err = self._stderr.read().decode("utf-8", "replace").strip()
         return f"exit {code}: {err[-1500:]}"
@@ -259,10 +265,12 @@ class Host:
         """One agent request; returns its result or raises AgentError / ConnectionLost."""
         if self._chan is None:
             self.start()
+        chan = self._chan
+        assert chan is not None  # start() makes it or raises
         if not self.local:
             self._ssh_chan.settimeout(timeout)
         self.stats["requests"] += 1
-        resp = self._chan.request(dict(kw, op=op))
+        resp = chan.request(dict(kw, op=op))
         if resp.get("ok"):
             return resp["result"]
         raise AgentError(resp.get("error", "?"), resp.get("kind", "failed"), resp.get("data"))

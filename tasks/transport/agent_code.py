@@ -61,7 +61,9 @@ def minify(source):
     tokens differ between Python versions (3.12 splits them)."""
     import io
     import tokenize
-    lines, words, depth, line_depth = [], [], 0, 0
+    lines: list = []
+    words: list = []
+    depth = line_depth = 0
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         kind, text = tok.type, tok.string
         if kind == tokenize.INDENT:
@@ -136,7 +138,7 @@ class Payload:
         return json.dumps([(n, d.decode("utf-8")) for n, d in self.files]).encode() + b"\n"
 
 
-_cache = {}
+_cache: dict = {}
 _cache_lock = threading.Lock()
 
 
