@@ -173,7 +173,7 @@ def _boundary(c, name, flags):
 def file_error_words(e):
     """An OSError naming a file, in words (`could not write /x: read-only file system ...`);
     None for one that names none (a bug, shown as one)."""
-    from .transport.host.safefile import UnsafeFile, failed
+    from .base.host.safefile import UnsafeFile, failed
     if isinstance(e, UnsafeFile):
         return str(e)
     if not e.filename:

@@ -27,7 +27,7 @@ from dataclasses import replace
 import tempfile
 
 from .errors import OperationFailed
-from .transport.host.common import exit_words
+from .base.host.hosterrors import exit_words
 from . import output
 from .fleet.fanout import HostResult
 from .runtime import host_python

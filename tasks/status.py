@@ -11,7 +11,7 @@ address, port}` of a running server whose own listening socket on its port is bo
 address (0.0.0.0, ::) where no API key covers it, whatever the profile says; from /metrics also `requests_running,
 requests_waiting, kv_cache_usage` (0..1), null where the engine does not say), `gpu_holders`
 [{pid, name, gpu, mib, ours, deployment, release}]: every process with memory on the profile's
-GPUs, `ours` when it is one of this deployment's (steps/host/identity.py; with no server
+GPUs, `ours` when it is one of this deployment's (base/host/identity.py; with no server
 running such a one is named in the text with the `fab kill-gpu-procs` that frees it), else
 the other llmfab deployment it belongs to or none, one line each; `identity` (what makes a
 process this deployment's: "cgroup", "session", or "marker" for an older release), and the lines
@@ -24,7 +24,7 @@ import json
 from dataclasses import dataclass, field
 
 from .errors import ExitCode
-from .transport.host.common import exit_words
+from .base.host.hosterrors import exit_words
 from .fleet.fanout import HostResult
 from .output import Block, fab_hint, indented
 from .gpu.memory import other_holder_lines
@@ -88,7 +88,7 @@ def gather(host, profile, ddir):
                   ready_s=started.get("ready_s"))
     out = Status(record)
     # the GPUs' memory, and who holds it (ours: one of this deployment's processes,
-    # steps/host/identity.py; else another deployment's or nobody's), in one round trip
+    # base/host/identity.py; else another deployment's or nobody's), in one round trip
     smi = dict(nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
     gpus, holders = host.batch([("gpus", smi), ("gpu_holders", dict(smi, deploy_dir=ddir))])
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
@@ -211,7 +211,7 @@ def render(status):
     elif r["deployed"]:
         ex = r["exit"] or {}
         how = f"{exit_words(ex['returncode'])} at {ex['ended_at']}" if ex else "not running"
-        if ex.get("stopped"):  # on purpose (tasks/transport/host/common.py STOP_FILE): not a failure
+        if ex.get("stopped"):  # on purpose (tasks/base/host/layout.py STOP_FILE): not a failure
             how = f"was stopped by {ex['stopped'].get('by')} at {ex['ended_at']} ({exit_words(ex['returncode'])})"
         between = (r.get("supervisor") or {}).get("state")
         if between in ("backoff", "waiting-for-gpu"):

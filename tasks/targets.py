@@ -29,8 +29,8 @@ import sys
 
 from .errors import ExitCode, UsageError
 from .fleet.fanout import HostResult, worst
-from .transport.host.common import error_words
-from .transport.host.safefile import kind, writable_dir
+from .base.host.hosterrors import error_words
+from .base.host.safefile import kind, writable_dir
 
 
 def address(host, server_host):
@@ -142,7 +142,7 @@ def write_out(value, text):
     in one rename, never through a planted link or temporary name. -> the path written.
     OperationFailed naming the path when the write fails (a full disk, /dev/full, a closed pipe)."""
     from .errors import OperationFailed
-    from .transport.host.safefile import failed, replace
+    from .base.host.safefile import failed, replace
     how, where = out_target(value)
     data = text.encode("utf-8")
     try:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .template_values import VALUES
-from ..transport.host.common import exit_words
+from ..base.host.hosterrors import exit_words
 from .rules import BY_ID, EXITED
 
 
@@ -119,7 +119,7 @@ def exit_cause(values, readings):
 
 
 def _signal_name(num):
-    from ..transport.host.common import signal_name
+    from ..base.host.hosterrors import signal_name
     return signal_name(num)
 
 

@@ -12,7 +12,7 @@ from typing import Optional, Tuple, Union
 
 from .checktable import CheckCfg
 from .systemd_table import SystemdCfg
-from ..release.host.release_dirs import KEEP_RELEASES
+from ..base.host.layout import KEEP_RELEASES
 from .models import models_request
 from .serverargs import JsonTable, ServerArgs
 from .serverenv import ServerEnv

@@ -27,7 +27,7 @@ def record(host_view):
 def how_it_ended(last):
     if not last:
         return "?"
-    from ..transport.host.common import exit_words  # one wording for every end
+    from ..base.host.hosterrors import exit_words  # one wording for every end
     text = f"killed by {last['signal']}" if last.get("signal") else exit_words(last.get("exit"))
     return text + (f", {last['rule']}" if last.get("rule") else "")
 

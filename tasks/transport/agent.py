@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from .agent_code import AGENT_FLAGS, TASKS, bootstrap, payload
 from ..errors import OperationFailed
-from .host.common import error_words
+from ..base.host.hosterrors import error_words
 
 LOCAL_NAMES = ("local",)
 DEFAULT_CONNECT_TIMEOUT = 10
@@ -291,7 +291,7 @@ class Host:
         benchmarks/RESULTS.md). Larger files go by SFTP on the same connection.
         """
         if self.local:
-            from .host.safefile import replace
+            from ..base.host.safefile import replace
             replace(path, data, mode)  # never through a link or onto a FIFO planted at `path`
             return
         if len(data) <= AGENT_PUT_MAX:

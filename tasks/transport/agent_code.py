@@ -39,7 +39,7 @@ HOST_PACKAGE = "llmfab_host"  # their package's name on the host
 
 # -S: no site start-up. The agent needs only the standard library, and an ML environment's
 # site (its .pth files) would cost every task on every host; what looks up an installed
-# package calls transport.host.common.site_packages() first.
+# package calls base.host.hostenv.site_packages() first.
 AGENT_FLAGS = ("-S",)
 
 # The first stage, kept readable in tasks/transport/agent_bootstrap.py (never imported here) and sent

@@ -26,7 +26,7 @@ import paramiko
 from fabric import Connection
 
 from ..errors import HostUnreachable
-from .host.common import error_words
+from ..base.host.hosterrors import error_words
 
 DEFAULT_TIMEOUT = 10
 RETRY_BUDGET_S = 15

@@ -66,7 +66,7 @@ def slot_profile(variant, k, gpus, base):
             "server": {"port": base.server.port + k,
                        "env": {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}},
             "gpu": {"devices": list(gpus)}}
-    from ..transport.host.safefile import replace
+    from ..base.host.safefile import replace
     replace(str(path), f"# fab tune: {variant.name} in slot {k} (GPUs {','.join(map(str, gpus))})\n"
                        f"extends = {toml_value(os.path.relpath(variant.path, folder))}\n" + dumps(tree))
     return load_profile(path)

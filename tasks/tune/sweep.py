@@ -109,7 +109,7 @@ class Sweep:
         import json
         with self._lock:
             self.records += recs
-            from ..transport.host.safefile import open_append
+            from ..base.host.safefile import open_append
             with os.fdopen(open_append(str(self.results_path)), "a", encoding="utf-8") as f:
                 for r in recs:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")

@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import ExitCode, HostUnreachable, Interrupted, LlmfabError, TaskFailed, UsageError
 from . import results
 from .slo import slo_text
-from ..transport.host.safefile import open_append, replace as write_atomically
+from ..base.host.safefile import open_append, replace as write_atomically
 
 PLAN = "plan.json"
 RESULTS = "results.jsonl"

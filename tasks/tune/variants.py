@@ -131,7 +131,7 @@ def build(base, *, vary, profiles, baseline, out):
             overrides = without_speculation(data)
             overrides["target"].update(pin)
             extends = None
-        from ..transport.host.safefile import replace
+        from ..base.host.safefile import replace
         replace(str(path), profile_text(overrides, extends, path.parent,
                                         f"fab tune {label} of {base.path.name}"))
         try:

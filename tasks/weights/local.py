@@ -131,7 +131,7 @@ class SourceChanged(OperationFailed):
 def _save_cache(cache_path, cache):
     try:
         os.makedirs(os.path.dirname(cache_path), exist_ok=True)
-        from ..transport.host.safefile import replace
+        from ..base.host.safefile import replace
         replace(cache_path, json.dumps(cache), 0o644)
     except OSError:
         pass  # a cache only

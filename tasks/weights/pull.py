@@ -27,7 +27,7 @@ from pathlib import Path
 from ..errors import ExitCode, LlmfabError, OperationFailed, TaskFailed, UsageError
 from ..fleet.fanout import HostResult, emit_missing, error_record, summarize, worst
 from ..fleet.runner import host_kwargs, hosts_for, load
-from ..transport.host.common import error_words
+from ..base.host.hosterrors import error_words
 from ..output import Reporter, report_error
 from ..transport.agent import Host
 from . import hub, send

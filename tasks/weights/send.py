@@ -15,7 +15,7 @@ import shlex
 import subprocess
 import time
 
-from ..transport.host.common import error_words
+from ..base.host.hosterrors import error_words
 
 BATCH_FILES = 2000            # files in one batch at most
 BATCH_BYTES = 64 << 20        # bytes in one batch at most

@@ -118,7 +118,7 @@ def _start_ticks():
 
 def _key(deployment):
     """`<NAME>-<8 hex>`: the hex hashes the deployment directory's path and inode, so two hosts
-    sharing /sys never share a cgroup (the same as tasks/steps/host/identity.py deployment_key)."""
+    sharing /sys never share a cgroup (the same as tasks/base/host/identity.py deployment_key)."""
     st = os.stat(deployment)
     ident = "%s\0%d\0%d" % (deployment, st.st_dev, st.st_ino)
     digest = hashlib.sha256(ident.encode("utf-8", "surrogateescape")).hexdigest()[:8]
@@ -148,7 +148,7 @@ def _cgroup_mount():
 def _identity(here):
     """Put this process (the reaper: the server and everything it starts follow) in a cgroup
     of the release's own, llmfab/<KEY>/<release>; where none can be made, the session it leads
-    identifies them. identity.json says which (read by tasks/steps/host/identity.py)."""
+    identifies them. identity.json says which (read by tasks/base/host/identity.py)."""
     record = {"identity": "session", "cgroup": None, "sid": os.getsid(0), "sid_start": _start_ticks()}
     mount = None if os.environ.get("LLMFAB_NO_CGROUP") or ENV.get("LLMFAB_NO_CGROUP") else _cgroup_mount()
     if mount:

@@ -69,7 +69,7 @@ def test_a_module_added_to_the_package_travels_and_serves_its_table_row(tmp_path
     (tree / "zz_new" / "host").mkdir(parents=True)  # a new capability: its package travels too
     (tree / "zz_new" / "host" / "__init__.py").write_text("")
     (tree / "zz_new" / "host" / "extra.py").write_text(
-        "from ...transport.host.common import expand\n\n\ndef op_ping(req):\n    return {'pong': expand('~')}\n")
+        "from ...base.host.statefiles import expand\n\n\ndef op_ping(req):\n    return {'pong': expand('~')}\n")
     table = (tree / "transport" / "host" / "ops.py").read_text()
     (tree / "transport" / "host" / "ops.py").write_text(
         table.replace('OPS = {', 'OPS = {\n    "ping": OpInfo("zz_new.host.extra", "op_ping", "t"),'))
@@ -103,12 +103,12 @@ def test_a_damaged_copy_is_replaced_never_run(cache, tmp_path, damage):
     start()[0].close()
     pkg = version_dir(cache) / "llmfab_host"
     marker = tmp_path / "marker"
-    common = pkg / "transport" / "host" / "common.py"
-    original = common.read_bytes()
+    module = pkg / "base" / "host" / "hosterrors.py"  # every op imports it
+    original = module.read_bytes()
     if damage == "tampered":
-        common.write_text(MARKER_CODE % str(marker) + original.decode())
+        module.write_text(MARKER_CODE % str(marker) + original.decode())
     elif damage == "half-written":
-        common.write_bytes(original[:len(original) // 2])
+        module.write_bytes(original[:len(original) // 2])
         (pkg / "transport" / "host" / "agent_main.py").unlink()
     elif damage == "extra file":
         (pkg / "gpu" / "zz_evil.py").write_text(MARKER_CODE % str(marker))
@@ -121,7 +121,7 @@ def test_a_damaged_copy_is_replaced_never_run(cache, tmp_path, damage):
     finally:
         host.close()
     assert not marker.exists()
-    assert common.read_bytes() == original and not (pkg / "gpu" / "zz_evil.py").exists()
+    assert module.read_bytes() == original and not (pkg / "gpu" / "zz_evil.py").exists()
     assert stat.S_IMODE(pkg.parent.stat().st_mode) == 0o700
     assert [p.name for p in pkg.parent.parent.iterdir()] == [pkg.parent.name]  # nothing left over
 
@@ -260,6 +260,6 @@ def test_each_request_imports_only_the_modules_it_needs():
         return set(json.loads(r.stdout.replace("'", '"')))
 
     base = loaded("hello")
-    assert base == {"agent_main", "common", "ops"}
-    assert loaded("hello", "lock") == base | {"flock"}
+    assert base == {"agent_main", "hostenv", "hosterrors", "ops"}
+    assert loaded("hello", "lock") == base | {"flock", "statefiles", "safefile"}
     assert "loadgen" not in loaded("hello", "lock", "poll") and "probe" in loaded("poll")

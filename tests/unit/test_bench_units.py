@@ -220,7 +220,7 @@ def test_random_prompts_are_token_ids_of_the_model_vocabulary(tmp_path):
     """--random-input-len: N ids each, seeded, none of them a special token, read from the
     model's tokenizer.json on the host (here a small one in the layout of the tiny model's)."""
     import tasks.measure.host.loadgen
-    from tasks.transport.host.common import HostError
+    from tasks.base.host.hosterrors import HostError
     tok = {"model": {"type": "BPE", "vocab": {f"t{i}": i for i in range(40)}},
            "added_tokens": [{"id": 0, "content": "<unk>", "special": True},
                             {"id": 2, "content": "</s>", "special": True},

@@ -1,6 +1,6 @@
 """A failed connection in words a person reads ("connection refused", "timed out", "name not
 resolved"), never Python's ("[Errno 111]", "URLError", "<urlopen error ...>"): the one helper
-(tasks/transport/host/common.py error_words) fed real exceptions from real sockets on this machine,
+(tasks/base/host/hosterrors.py error_words) fed real exceptions from real sockets on this machine,
 and each place a user reads it (the HTTP probe, a bench request, the smoke request, status)."""
 import contextlib
 import socket
@@ -11,7 +11,7 @@ import pytest
 
 from tasks.measure.host import loadgen as bench
 from tasks.steps.host import probe
-from tasks.transport.host.common import HostError, error_words
+from tasks.base.host.hosterrors import HostError, error_words
 from tasks.status import Status, render
 
 PYTHON_WORDS = ("Errno", "Error", "urlopen", "<", "None")

@@ -11,7 +11,7 @@ Here: the rest; the tests on lab hosts are in tests/lab/test_stop_not_failure_e2
 import base64
 from pathlib import Path
 from tasks.failures.failed_server import explain_dead
-from tasks.transport.host.common import read_exit
+from tasks.base.host.layout import read_exit
 from tasks.failures.logscan import LogScanner
 from tasks.failures.explain import explain
 from tasks.releases import describe_end

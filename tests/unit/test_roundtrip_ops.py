@@ -14,7 +14,7 @@ import pytest
 
 from tasks.transport.host import files
 from tasks.gpu.host import nvsmi
-from tasks.transport.host.common import HostError
+from tasks.base.host.hosterrors import HostError
 
 
 def test_put_file_writes_bytes_exactly_with_the_mode(tmp_path):
@@ -108,7 +108,7 @@ def test_new_release_writes_its_files_or_leaves_no_release(tmp_path):
 
 
 def test_remove_tree_removes_a_release_and_never_follows_its_symlinks(tmp_path):
-    from tasks.transport.host.common import remove_tree
+    from tasks.base.host.statefiles import remove_tree
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep").write_text("precious")

@@ -16,7 +16,7 @@ from tasks.profile import load_profile
 from tasks.runtime import RUNTIMES, release_files
 from tasks.runtime.host import runtimes
 from tasks.runtime.host.systemd_unit import env_line, exec_line, exec_word, path_value, unit_text
-from tasks.transport.host.common import HostError
+from tasks.base.host.hosterrors import HostError
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

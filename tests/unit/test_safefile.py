@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tasks.transport.host import common, safefile
-from tasks.transport.host.common import HostError
+from tasks.base.host import safefile, statefiles
+from tasks.base.host.hosterrors import HostError
 
 
 @pytest.fixture
@@ -22,14 +22,14 @@ def test_replace_never_writes_through_a_planted_temporary_link(tmp_path, victim)
     state = tmp_path / "server.json"
     for name in (f"server.json.{os.getpid()}.tmp", "server.json.tmp"):
         os.symlink(victim, tmp_path / name)
-    common.write_json(str(state), {"pid": 1})
+    statefiles.write_json(str(state), {"pid": 1})
     assert victim.read_text() == "keep me\n" and state.read_text() == '{"pid": 1}\n'
 
 
 def test_replace_replaces_a_planted_link_itself_never_its_target(tmp_path, victim):
     state = tmp_path / "exit.json"
     os.symlink(victim, state)
-    common.write_json(str(state), {"returncode": 0})
+    statefiles.write_json(str(state), {"returncode": 0})
     assert victim.read_text() == "keep me\n" and not state.is_symlink()
 
 
@@ -37,11 +37,11 @@ def test_replace_refuses_a_fifo_or_a_directory_in_words(tmp_path):
     fifo = tmp_path / "supervisor.json"
     os.mkfifo(fifo)
     with pytest.raises(HostError, match=r"supervisor.json is a FIFO, not a file llmfab wrote"):
-        common.write_json(str(fifo), {})
+        statefiles.write_json(str(fifo), {})
     assert fifo.exists() and not fifo.is_file()
     (tmp_path / "d.json").mkdir()
     with pytest.raises(OSError, match="is a directory"):
-        common.write_json(str(tmp_path / "d.json"), {})
+        statefiles.write_json(str(tmp_path / "d.json"), {})
     assert sorted(os.listdir(tmp_path)) == ["d.json", "supervisor.json"]  # nothing left behind
 
 
@@ -75,6 +75,6 @@ def test_open_new_never_opens_an_existing_name(tmp_path, victim):
 
 def test_a_write_error_is_words_naming_the_path(tmp_path):
     with pytest.raises(HostError) as e:
-        common.write_json(str(tmp_path / "gone" / "server.json"), {})
+        statefiles.write_json(str(tmp_path / "gone" / "server.json"), {})
     assert str(e.value) == f"could not write {tmp_path}/gone/server.json: no such file or directory"
     assert isinstance(e.value, OSError) and e.value.kind == "write_failed"

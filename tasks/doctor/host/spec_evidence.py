@@ -23,7 +23,7 @@ import re
 
 from . import spec_check, spec_facts
 from ...base.host import startlog
-from ...transport.host.common import expand, write_json
+from ...base.host.statefiles import expand, write_json
 from .spec_rules import LOG_RULES
 
 AUX = re.compile(r"(Using (?:auxiliary layers from speculative config|Eagle3 auxiliary layers "

@@ -21,7 +21,8 @@ import os
 
 from . import versions
 from .spec_rules import FORCES_V2_FOR_MIXED_DFLASH, RUNNER_DEFAULTS
-from ...transport.host.common import Damaged, read_json
+from ...base.host.hosterrors import Damaged
+from ...base.host.statefiles import read_json
 
 SLIDING = "sliding_attention"
 FACTS_FILE = "spec-facts.json"

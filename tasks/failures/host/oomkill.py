@@ -9,7 +9,7 @@ needs root where kernel.dmesg_restrict is set: then nothing is known (None).
 import re
 import subprocess
 
-from ...transport.host.common import error_words
+from ...base.host.hosterrors import error_words
 
 KILLED = re.compile(r"(?:(?P<why>Out of memory|Memory cgroup out of memory): )?Killed process "
                     r"(?P<pid>\d+) \((?P<comm>[^)]*)\) total-vm:(?P<vm>\d+)kB, anon-rss:(?P<rss>\d+)kB")

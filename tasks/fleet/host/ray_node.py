@@ -20,8 +20,11 @@ import time
 
 from ...gpu.host import nvsmi
 from ...steps.host.procs import DEFAULT_GRACE_S
-from ...transport.host.safefile import open_append
-from ...transport.host.common import (HostError, cmdline, expand, group_members, kill_each, pid_alive, pids_marked, read_json, site_packages, utc_iso, write_json)
+from ...base.host.safefile import open_append
+from ...base.host.hosterrors import HostError
+from ...base.host.hostenv import site_packages
+from ...base.host.procfs import cmdline, group_members, kill_each, pid_alive, pids_marked
+from ...base.host.statefiles import expand, read_json, utc_iso, write_json
 
 MARKER = "LLMFAB_RAY"
 STARTED = b"Ray runtime started"

@@ -17,7 +17,11 @@ import os
 import re
 
 from . import nvsmi
-from ...transport.host.common import (PROC, Damaged, cmdline, fd_targets, pids, proc_read, read_bytes, read_json, stat_fields)
+from ...base.host.hosterrors import Damaged
+from ...base.host.identity import Table
+from ...base.host.procfs import PROC, cmdline, fd_targets, pids, proc_read, read_bytes, stat_fields
+from ...base.host.statefiles import read_json
+from ...runtime.host.runtimes import members, server_alive
 
 GPU_NODE = re.compile(r"^/dev/nvidia(\d+)$")
 PROTECTED = ("nvidia-persistenced", "nv-hostengine", "dcgm-exporter", "dcgmi", "nv-fabricmanager",
@@ -206,7 +210,6 @@ def op_gpu_procs(req):
 
 def mark_owners(procs, ddir, spare_neighbours=True, proc_root=PROC):
     """Set each process's `owner`; spare what a live server of another deployment runs."""
-    from ...steps.host.identity import Table, server_alive
     table = Table(proc_root)
     live = {}
     for p in procs:
@@ -236,13 +239,12 @@ def _name(p):
 def holders(ddir, nvidia_smi="nvidia-smi", devices=None, proc_root=PROC, survey_result=None):
     """Who holds memory on the selected GPUs: [{pid, name, gpu, mib, ours, deployment,
     release, how}], one per process and GPU. `ours`: the process is deployment `ddir`'s
-    (tasks/steps/host/identity.py: its cgroup, session or marker); `deployment` names the
+    (tasks/base/host/identity.py: its cgroup, session or marker); `deployment` names the
     llmfab deployment it belongs to (this one or another; None: not an llmfab deployment),
     `release` its release."""
-    from ...steps.host.identity import Table
     table = Table(proc_root)
     found = survey_result or survey(nvidia_smi, devices, proc_root)
-    own = table.members(ddir)
+    own = members(ddir, table=table)
     out = []
     for p in found["procs"]:
         owner = table.owner(p["pid"])

@@ -10,7 +10,8 @@ import os
 import subprocess
 import time
 
-from ...transport.host.common import expand, which, write_json
+from ...base.host.hostenv import which
+from ...base.host.statefiles import expand, write_json
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
 APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")

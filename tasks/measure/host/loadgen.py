@@ -24,7 +24,7 @@ import json
 import threading
 import time
 
-from ...transport.host.common import HostError, error_words
+from ...base.host.hosterrors import HostError, error_words
 from ...steps.host.probe import probe_host
 
 METRICS_LIMIT = 16 << 20          # bytes of /metrics text we accept

@@ -9,8 +9,10 @@ import hashlib
 import os
 
 from . import launch, release_dirs
-from ...transport.host.common import (EXIT_FILE, STOP_FILE, HostError, expand, read_exit, read_json)
-from ...steps.host.identity import server_alive
+from ...base.host.hosterrors import HostError
+from ...base.host.layout import EXIT_FILE, FAILED_FILE, STOP_FILE, current_release, read_exit, releases_sorted
+from ...base.host.statefiles import expand, read_json
+from ...runtime.host.runtimes import server_alive
 from ...steps.host.logs import resolve
 
 PROFILE_MAX_BYTES = 1 << 20
@@ -37,11 +39,11 @@ def _size(path):
 def op_release_list(req):
     """Every release, oldest first: stamp, profile sha256, log size, exit record, running?"""
     ddir = expand(req["deploy_dir"])
-    current = release_dirs.current_release(ddir)
+    current = current_release(ddir)
     server = read_json(os.path.join(ddir, "server.json")) or {}
     alive = server_alive(ddir, server)
     out = []
-    for name in release_dirs.releases_sorted(ddir):
+    for name in releases_sorted(ddir):
         rdir = os.path.join(ddir, "releases", name)
         is_server = server.get("release") == name
         out.append({
@@ -51,7 +53,7 @@ def op_release_list(req):
             "log_bytes": _size(os.path.join(rdir, "server.log")),
             "has_launcher": os.path.isfile(os.path.join(rdir, "launch.py")),
             "exit": read_exit(rdir, server.get("pid") if is_server else None),
-            "start_failed": read_json(os.path.join(rdir, release_dirs.FAILED_FILE)),
+            "start_failed": read_json(os.path.join(rdir, FAILED_FILE)),
             "startup": read_json(os.path.join(rdir, "startup.json")),  # startup/host/phases.py
             "started_at": server.get("started_at") if is_server else None,
             "running": is_server and alive,

@@ -11,9 +11,11 @@ import json
 import os
 import subprocess
 
-from ...transport.host.common import HostError, expand
-from .release_dirs import FAILED_FILE, KEEP_RELEASES, point_current, prune
-from ...transport.host.common import utc_iso, write_json
+from ...base.host.hosterrors import HostError
+from ...base.host.statefiles import expand
+from ...base.host.layout import FAILED_FILE, KEEP_RELEASES, point_current
+from .release_dirs import prune
+from ...base.host.statefiles import utc_iso, write_json
 from ...runtime.host import runtimes
 
 LAUNCH_TIMEOUT_S = 60
@@ -119,6 +121,6 @@ def run_launcher(python, launcher):
 
 
 def _how(code):
-    """`exit 1`, or `killed by SIGKILL` (common.exit_words: one wording for every end)."""
-    from ...transport.host.common import exit_words
+    """`exit 1`, or `killed by SIGKILL` (hosterrors.exit_words: one wording for every end)."""
+    from ...base.host.hosterrors import exit_words
     return "exit %d" % code if code >= 0 else exit_words(code)

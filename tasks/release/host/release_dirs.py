@@ -8,7 +8,9 @@ A release whose server failed to start holds start-failed.json (op mark_failed).
 import os
 import time
 
-from ...transport.host.common import HostError, expand, remove_tree, utc_iso, write_json
+from ...base.host.hosterrors import HostError
+from ...base.host.layout import FAILED_FILE, current_release, releases_sorted
+from ...base.host.statefiles import expand, remove_tree, utc_iso, write_json
 
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 
@@ -67,38 +69,6 @@ def op_discard_release(req):
     return {}
 
 
-def current_release(ddir):
-    try:
-        return os.path.basename(os.readlink(os.path.join(ddir, "current")))
-    except OSError:
-        return None
-
-
-def point_current(ddir, release):
-    tmp = os.path.join(ddir, ".current.tmp")
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-    os.symlink(os.path.join("releases", release), tmp)
-    os.replace(tmp, os.path.join(ddir, "current"))
-
-
-def releases_sorted(ddir):
-    try:
-        names = [n for n in os.listdir(os.path.join(ddir, "releases")) if not n.startswith(".")]
-    except FileNotFoundError:
-        return []
-
-    def key(n):
-        base, _, suffix = n.partition("-")
-        return (base, int(suffix) if suffix.isdigit() else 0)
-    return sorted(names, key=key)
-
-
-KEEP_RELEASES = 5  # releases a host keeps after a deploy ([target] keep_releases' default)
-
-
 def prune(ddir, keep):
     """Remove the oldest releases beyond `keep`; never the current one or the one before it."""
     names = releases_sorted(ddir)
@@ -119,9 +89,6 @@ def prune(ddir, keep):
         removed.append(n)
         excess -= 1
     return removed
-
-
-FAILED_FILE = "start-failed.json"
 
 
 def op_mark_failed(req):

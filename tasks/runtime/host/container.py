@@ -24,7 +24,11 @@ import subprocess
 import sys
 import time
 
-from ...transport.host.common import HostError, pid_alive, read_json, utc_iso, which, write_json
+from ...base.host.hosterrors import HostError
+from ...base.host.hostenv import which
+from ...base.host.layout import mark_stopped
+from ...base.host.procfs import pid_alive
+from ...base.host.statefiles import read_json, utc_iso, write_json
 from ...release.host.release_dirs import release_launcher
 
 ENGINES = ("podman", "docker")
@@ -249,7 +253,8 @@ def alive(ddir, server):
     brought up to date with the new server's pid (status and the wait read it there). While
     the recorded server lives (its release's marker in its environment) the engine is not
     asked: the wait polls this many times a second."""
-    from ...transport.host.common import proc_read, release_marker
+    from ...base.host.layout import release_marker
+    from ...base.host.procfs import proc_read
     pid = server.get("pid")
     if pid and pid_alive(pid) and release_marker(ddir, server.get("release")) in \
             (proc_read(pid, "environ") or b"").split(b"\0"):
@@ -279,7 +284,7 @@ def _stop(ddir, server, grace):
     before = pids(ddir, server)
     if not before and not alive(ddir, server):
         return {"already_stopped": True, "server": server, "terminated": [], "killed": [], "survivors": []}
-    from ...transport.host.common import cmdline
+    from ...base.host.procfs import cmdline
     names = {str(p): cmdline(p) for p in before}
     t0 = time.monotonic()
     _engine(server["runtime"], "stop", "--time", str(int(math.ceil(grace))), server["container"],
@@ -418,7 +423,8 @@ def _watch(here):
     once the new start answers). Ends with the release: a stop, another release, the container
     gone or down for good."""
     from ...supervise.host.hangwatch import HangWatch, deploy_saw_ready
-    from ...transport.host.common import STOP_FILE, Damaged
+    from ...base.host.hosterrors import Damaged
+    from ...base.host.layout import STOP_FILE
     spec = read_json(os.path.join(here, "runtime.json")) or {}
     cfg, engine, name = spec.get("hang"), spec.get("engine"), spec.get("name")
     ddir, release = os.path.dirname(os.path.dirname(here)), os.path.basename(here)
@@ -481,7 +487,6 @@ def state(ddir, server):
 def stop(ddir, server, grace, by):
     """The engine's stop (see _stop); `by` records the stop in the release first."""
     if by and alive(ddir, server):
-        from ...steps.host.procs import mark_stopped
         mark_stopped(ddir, server, by)
     return _stop(ddir, server, grace)
 

@@ -16,10 +16,17 @@ Each module here offers (ddir: the deployment directory; server: server.json's r
 - state(ddir, server) -> {"alive": bool, "pid": main pid or None, "unit": {name, ActiveState,
   NRestarts, ...}} or {"alive", "pid", "container": {name, status, exit_code}}.
 - pids(ddir, server) -> [host pids of this deployment] (systemd: the unit's cgroup).
+
+Who is a deployment's, whatever runs it, is asked here: `members` (the marks of
+base/host/identity.py and the runtime's own processes) and `server_alive`.
 """
 import importlib
 import json
 import os
+
+from ...base.host.identity import Table
+from ...base.host.procfs import pid_alive
+from ...base.host.statefiles import expand, read_json
 
 HOST_MODULES = {  # runtime name -> module under the host package ("process": None)
     "systemd": "runtime.host.systemd_unit",
@@ -56,3 +63,34 @@ def for_release(rpath):
 def for_server(server):
     """The module that runs server.json's server, or None ("process", or no server)."""
     return _module((server or {}).get("runtime"))
+
+
+def members(ddir, release=None, table=None):
+    """{pid: release} of every live process of deployment `ddir` (of one release if given): the
+    marks of base/host/identity.py (its cgroup, session or environment marker) and, under a
+    systemd unit or a container, the processes its runtime names. `table`: a Table already read."""
+    ddir = expand(ddir)
+    server = read_json(os.path.join(ddir, "server.json")) or {}
+    runtime = {}
+    if server.get("runtime") not in (None, "process") and (release is None or server.get("release") == release):
+        # a systemd unit's cgroup, a container's PID namespace: the runtime knows its processes
+        module = for_server(server)
+        try:
+            runtime = {pid: server.get("release") for pid in (module.pids(ddir, server) if module else ())}
+        except Exception:  # noqa: BLE001 - a runtime that cannot answer leaves the other marks
+            pass
+    return (table or Table()).members(ddir, release, runtime)
+
+
+def server_alive(ddir, server):
+    """Is server.json's process still this deployment's server? Alive, and one of its release's
+    processes (cgroup, session, or the environment marker of an older release): after a
+    reboot, or a long time, the kernel may have given its pid to another process, which
+    `fab stop` rightly leaves alone and `fab status` must not call our server either. The one
+    reader of "is it ours" for both."""
+    if (server or {}).get("container"):  # a container runtime: its engine says, and restarts it
+        return for_server(server).alive(ddir, server)
+    pid = (server or {}).get("pid")
+    if not pid or not pid_alive(pid) or not server.get("release"):
+        return False
+    return members(ddir, server["release"]).get(pid) == server["release"]

@@ -31,11 +31,13 @@ import subprocess
 import sys
 import time
 
-from ...steps.host.identity import server_alive
 from ...release.host.release_dirs import release_launcher
-from ...transport.host.common import (HostError, pid_alive, read_json, utc_iso, write_atomically,
-                                      write_json)
+from ...base.host.hosterrors import HostError
+from ...base.host.layout import mark_stopped
+from ...base.host.procfs import pid_alive
+from ...base.host.statefiles import read_json, utc_iso, write_atomically, write_json
 from ...gpu.host.nvsmi import baseline_limits, gpus_over
+from .runtimes import server_alive
 
 SYSTEM_UNIT_DIR = "/etc/systemd/system"
 SYSTEMCTL_TIMEOUT_S = 30
@@ -305,8 +307,7 @@ def pids(ddir, server):
 def stop(ddir, server, grace, by):
     """systemctl stop with `grace` as TimeoutStopSec (SIGTERM to the whole cgroup, SIGKILL after
     it); the unit is disabled too, so a stopped deployment stays stopped after a reboot."""
-    from ...steps.host.procs import mark_stopped
-    from ...transport.host.common import cmdline
+    from ...base.host.procfs import cmdline
     name = server.get("unit") or unit_name(ddir)
     before = pids(ddir, server)
     if not before and show(name).get("ActiveState") not in ("active", "activating", "deactivating"):

@@ -37,9 +37,9 @@ import os
 import re
 import time
 
-from ...release.host import release_dirs
+from ...base.host.layout import releases_sorted
 from ...base.host import startlog
-from ...transport.host.common import expand, read_json, write_json
+from ...base.host.statefiles import expand, read_json, write_json
 
 STARTUP_FILE = "startup.json"
 SCAN_BYTES = 32 << 20  # the phase lines come before "ready"
@@ -398,7 +398,7 @@ def previous(ddir, release, profile_sha, engine_version, prefer=ANY):
     """The newest earlier start (startup.json) of the same profile and engine version that
     got ready; with `prefer` (a compile_cache state), the newest in that state if any."""
     found = []
-    for name in reversed(release_dirs.releases_sorted(ddir)):
+    for name in reversed(releases_sorted(ddir)):
         if name == release:
             continue
         rec = read_json(os.path.join(ddir, "releases", name, STARTUP_FILE))

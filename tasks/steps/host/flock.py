@@ -12,7 +12,9 @@ import os
 import signal
 import time
 
-from ...transport.host.common import CONTEXT, HostError, expand, not_writable, utc_iso
+from ...base.host.hosterrors import HostError
+from ...base.host.hostenv import CONTEXT
+from ...base.host.statefiles import expand, not_writable, utc_iso
 
 
 def op_lock(req):

@@ -11,8 +11,9 @@ import os
 import re
 import time
 
-from ...transport.host.common import HostError, expand
-from ...release.host.release_dirs import current_release, releases_sorted
+from ...base.host.hosterrors import HostError
+from ...base.host.layout import current_release, releases_sorted
+from ...base.host.statefiles import expand
 
 BLOCK = 64 * 1024
 TAIL_MAX_BYTES = 4 * 1024 * 1024   # most bytes one `tail` answer carries

@@ -5,7 +5,10 @@ import os
 
 from ...base.host.startlog import read_log
 from ...gpu.host import nvsmi
-from ...transport.host.common import cmdline, error_words, expand, fd_targets, pid_alive, pids, read_exit, stat_fields
+from ...base.host.hosterrors import error_words
+from ...base.host.layout import read_exit
+from ...base.host.procfs import cmdline, fd_targets, pid_alive, pids, stat_fields
+from ...base.host.statefiles import expand
 
 # [server] host values that mean every interface: anyone who reaches the host reaches the
 # server (the preflight's exposure warning), and on the host itself it answers on 127.0.0.1.

@@ -16,8 +16,10 @@ from ...gpu.host import nvsmi, gpuprocs
 from ...runtime.host import container
 from ...supervise.host import supervisor_state
 from ...runtime.host import runtimes
-from ...transport.host.common import (STOP_FILE, cmdline, expand, group_members, kill_each, pid_alive, read_json, utc_iso, write_json)
-from . import identity
+from ...base.host.layout import mark_stopped
+from ...base.host.procfs import cmdline, group_members, kill_each, pid_alive
+from ...base.host.statefiles import expand, read_json
+from ...base.host import identity
 DEFAULT_GRACE_S = 30.0  # SIGTERM -> SIGKILL of every stop (fab stop, deploy, supervisor, Ray): the one default
 KILL_GPU_GRACE_S = 10.0  # fab kill-gpu-procs: SIGTERM -> SIGKILL of processes that are not ours
 KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA process
@@ -27,7 +29,7 @@ REAPER_WAIT_S = 2.0
 def marked(ddir):
     """Live pids of this deployment, of any release (identity.py: its cgroup, its session, or
     the environment marker of an older release)."""
-    return list(identity.members(ddir))
+    return list(runtimes.members(ddir))
 
 
 def _signal(pids, pgid, sig):
@@ -66,14 +68,6 @@ def ours(ddir, pgid):
         if group & pids:
             return pids | group, pgid
     return pids, None
-
-
-def mark_stopped(ddir, server, by):
-    """Record in the release that its server is being stopped on purpose, by `by` (common.py
-    STOP_FILE): however it then exits, and whatever it prints meanwhile, it did not fail."""
-    rdir = os.path.join(ddir, "releases", server.get("release") or "")
-    if server.get("release") and os.path.isdir(rdir):
-        write_json(os.path.join(rdir, STOP_FILE), {"by": by, "pid": server.get("pid"), "at": utc_iso()})
 
 
 def stop(ddir, grace, by=None):

@@ -5,9 +5,9 @@ import time
 
 from ...supervise.host import supervisor_state
 from ...runtime.host import runtimes
-from ...transport.host.common import expand, read_exit, read_json
-from .identity import server_alive
-from ...release.host.release_dirs import FAILED_FILE, current_release, releases_sorted
+from ...runtime.host.runtimes import server_alive
+from ...base.host.layout import FAILED_FILE, current_release, read_exit, releases_sorted
+from ...base.host.statefiles import expand, read_json
 
 
 def last_failed(ddir, current):

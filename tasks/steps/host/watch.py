@@ -34,7 +34,10 @@ from ...base.host import startlog
 from ...doctor.host import spec_evidence
 from ...gpu.host import nvsmi
 from ...startup.host import phases
-from ...transport.host.common import CONTEXT, expand, pid_alive, read_exit, read_stop
+from ...base.host.hostenv import CONTEXT
+from ...base.host.layout import read_exit, read_stop
+from ...base.host.procfs import pid_alive
+from ...base.host.statefiles import expand
 from .probe import http_get, probe_host, served_models, serving_elsewhere, tree_listeners
 
 TICK_S = 0.05          # how often the host looks: events are seen within ~25 ms on average

@@ -16,7 +16,8 @@ import time
 from ...base.host.startlog import StartLog
 from ...failures.host import records
 from ...failures.host.logscan import LogScanner
-from ...transport.host.common import Damaged, read_json
+from ...base.host.hosterrors import Damaged
+from ...base.host.statefiles import read_json
 
 # The failure-rule table (tasks/failures/rules/) comes as data: supervise_rules.json beside
 # this file, [{id, priority, wrapper, patterns: [{regex, after}]}] (tasks/release/launcher.py).

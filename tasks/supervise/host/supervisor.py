@@ -23,9 +23,11 @@ import signal
 import subprocess
 import time
 
-from ...transport.host.safefile import append, open_append
-from ...transport.host.common import Damaged, exit_words, read_json, signal_name, utc_iso, write_json
-from ...steps.host import identity
+from ...base.host.safefile import append, open_append
+from ...base.host.hosterrors import Damaged, exit_words, signal_name
+from ...base.host.statefiles import read_json, utc_iso, write_json
+from ...base.host import identity
+from ...runtime.host import runtimes
 from ...gpu.host.nvsmi import baseline_limits, gpus_over, tolerance, unlisted_now
 from .hangwatch import HangWatch, deploy_saw_ready, fatal_line, load_rules
 from ...steps.host.procs import DEFAULT_GRACE_S, KILL_WAIT_S, stop_own_group
@@ -35,7 +37,7 @@ TICK_S = 5.0  # longest sleep between looks when nothing happens (idle CPU stays
 
 
 def describe_end(rc):
-    """(exit, signal name, text) of a Popen returncode (text: common.exit_words)."""
+    """(exit, signal name, text) of a Popen returncode (text: hosterrors.exit_words)."""
     if rc is not None and rc < 0:
         return None, signal_name(-rc), exit_words(rc)
     return rc, None, exit_words(rc)
@@ -84,7 +86,7 @@ class Release:
 
     def marked(self):
         """Live pids (but this one) of this release (identity.py: its cgroup or session)."""
-        return list(identity.members(self.ddir, os.path.basename(self.here)))
+        return list(runtimes.members(self.ddir, os.path.basename(self.here)))
 
 
 class Supervisor:

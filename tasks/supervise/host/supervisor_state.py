@@ -9,7 +9,8 @@ import os
 import signal
 import time
 
-from ...transport.host.common import cmdline, pid_alive, read_json
+from ...base.host.procfs import cmdline, pid_alive
+from ...base.host.statefiles import read_json
 
 ACTIVE = ("running", "backoff", "waiting-for-gpu")
 ACK_TIMEOUT_S = 10.0  # the supervisor acknowledges between looks (a health probe takes <= 5 s)

@@ -17,7 +17,8 @@ import select
 import sys
 import threading
 
-from .common import CONTEXT, HostError
+from ...base.host.hosterrors import HostError
+from ...base.host.hostenv import CONTEXT
 from .ops import OPS
 
 VERSION = 2

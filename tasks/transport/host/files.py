@@ -2,7 +2,7 @@
 """
 import base64
 
-from .safefile import replace
+from ...base.host.safefile import replace
 
 
 def op_put_file(req):

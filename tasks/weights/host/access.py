@@ -21,7 +21,7 @@ import sys
 import time
 
 from .receiver import PULL_DIR, _host_error
-from ...transport.host.common import not_writable
+from ...base.host.statefiles import not_writable
 
 MARK = "llmfab-pull"                     # comment of every authorized_keys line a pull adds
 SAFE = __import__("re").compile(r"^[A-Za-z0-9_./+-]+$")  # what may stand in an authorized_keys command=

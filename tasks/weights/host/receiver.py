@@ -40,7 +40,7 @@ class PullError(Exception):
 
 def _host_error(message, kind):
     try:
-        from ...transport.host.common import HostError
+        from ...base.host.hosterrors import HostError
     except ImportError:  # run as a script (receive): no package
         return PullError(message, kind)
     return HostError(message, kind=kind)
@@ -435,7 +435,7 @@ def _receive_batch(pull, root, files, stdin):
 
 
 def _words(e):
-    """An error in words, as common.error_words puts it (this file runs alone: no imports)."""
+    """An error in words, as hosterrors.error_words puts it (this file runs alone: no imports)."""
     if isinstance(e, OSError) and e.strerror:
         return e.strerror[:1].lower() + e.strerror[1:]
     return str(e) or type(e).__name__

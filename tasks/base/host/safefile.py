@@ -19,7 +19,7 @@ import errno
 import os
 import stat
 
-from .common import HostError, error_words
+from .hosterrors import HostError, error_words
 
 NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 EXISTING = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

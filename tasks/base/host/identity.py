@@ -27,8 +27,9 @@ import hashlib
 import os
 import re
 
-from ...transport.host.common import (MARKER, PROC, expand, pid_alive, pids, proc_read, read_json,
-                                      stat_fields)
+from .layout import MARKER
+from .procfs import PROC, pids, proc_read, stat_fields
+from .statefiles import expand, read_json
 
 TOP = "llmfab"                      # <hierarchy>/llmfab/<KEY>/<release>
 IDENTITY_FILE = "identity.json"     # in each release: {identity, cgroup, sid, sid_start}
@@ -187,8 +188,10 @@ class Table:
     def start(self, pid):
         return _start(self.stats.get(pid))
 
-    def members(self, ddir, release=None):
-        """{pid: release} of every live process of deployment `ddir` (of one release if given)."""
+    def members(self, ddir, release=None, runtime=None):
+        """{pid: release} of every live process of deployment `ddir` (of one release if given).
+        `runtime`: {pid: release} of the processes a systemd unit or container runtime names
+        (runtime/host/runtimes.py members, which asks it)."""
         ddir = expand(ddir)
         rels = [release] if release else _releases(ddir)
         out = {}
@@ -202,17 +205,9 @@ class Table:
                         out[pid] = rel
             if ident.get("sid"):
                 by_sid[ident["sid"]] = (rel, ident.get("sid_start"))
-        server = read_json(os.path.join(ddir, "server.json")) or {}
-        if server.get("runtime") not in (None, "process") and (release is None or server.get("release") == release):
-            # a systemd unit's cgroup, a container's PID namespace: the runtime knows its processes
-            from ...runtime.host import runtimes
-            module = runtimes.for_server(server)
-            try:
-                for pid in (module.pids(ddir, server) if module else ()):
-                    if pid in self.stats:
-                        out.setdefault(pid, server.get("release"))
-            except Exception:  # noqa: BLE001 - a runtime that cannot answer leaves the other marks
-                pass
+        for pid, rel in (runtime or {}).items():  # a systemd unit's, a container's: its runtime knows them
+            if pid in self.stats:
+                out.setdefault(pid, rel)
         prefix = os.path.join(ddir, "releases") + "/"
         for pid in self.stats:
             if pid == me or pid in out:
@@ -283,10 +278,6 @@ class Table:
         return own["release"] if expand(own["ddir"]) == expand(ddir) else None
 
 
-def members(ddir, release=None):
-    return Table().members(ddir, release)
-
-
 def identity_kind(ddir, release):
     """What identifies the release's processes: "cgroup", "session" or "marker" (older releases)."""
     return release_identity(ddir, release).get("identity") or "marker"
@@ -320,18 +311,3 @@ def kill_cgroup(ddir, release):
         return True
     except OSError:
         return False
-
-
-def server_alive(ddir, server):
-    """Is server.json's process still this deployment's server? Alive, and one of its release's
-    processes (cgroup, session, or the environment marker of an older release): after a
-    reboot, or a long time, the kernel may have given its pid to another process, which
-    `fab stop` rightly leaves alone and `fab status` must not call our server either. The one
-    reader of "is it ours" for both."""
-    if (server or {}).get("container"):  # a container runtime: its engine says, and restarts it
-        from ...runtime.host import container
-        return container.alive(ddir, server)
-    pid = (server or {}).get("pid")
-    if not pid or not pid_alive(pid) or not server.get("release"):
-        return False
-    return Table().members(ddir, server["release"]).get(pid) == server["release"]
