@@ -47,6 +47,21 @@ def exit_status(code=130):
     return 128 + int(cause()) if int(code) == 130 else int(code)
 
 
+def leave(code=None):
+    """End this process now, with `code` (default: the interrupted run's status, 128 + the
+    signal that ended it): the one exit of every Ctrl-C and closed-pipe path that cannot
+    unwind. Worker threads (a host's request, a copy, a download) cannot be interrupted and
+    the interpreter's exit would wait for them; their sockets close with the process. What
+    stdout and stderr hold is flushed first (a flush whose reader has gone, or one that a
+    signal handler's call would re-enter, is let go)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, RuntimeError):
+            pass
+    os._exit(exit_status() if code is None else int(code))
+
+
 def _quiet_if_hung_up():
     """After a terminal hang-up, writing to it fails (EIO): stdout and stderr that were that
     terminal go to /dev/null, so the put-back and removal still run to their end."""
@@ -144,7 +159,7 @@ def _early_handler(signum, frame):
         os.write(sys.stderr.fileno(), ("\n" + early_words() + "\n").encode())
     except (OSError, ValueError):
         pass
-    os._exit(exit_status())
+    leave()
 
 
 def exit_130_until_a_task_runs():

@@ -28,6 +28,8 @@ import threading
 import time
 from typing import NamedTuple, Tuple
 
+from .interrupts import leave
+
 PLAIN_EVERY_S = 15.0
 NOT_A_TERMINAL_COLUMNS = 80
 MIN_COLUMNS = 40  # narrower than this, wrapping helps no one: lines are cut at 40 anyway
@@ -161,7 +163,7 @@ def quiet_on_closed_pipe():
     def hook(kind, value, tb):
         if not issubclass(kind, BrokenPipeError):
             return previous(kind, value, tb)
-        os._exit(128 + 13)
+        leave(128 + 13)
     sys.excepthook = hook
 
 

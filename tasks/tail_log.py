@@ -186,14 +186,12 @@ def tail_log(c, opts):
             pass
     except KeyboardInterrupt:  # Ctrl-C: exit 0; SIGTERM, SIGHUP: 128 + n (tasks/interrupts.py)
         import signal
-        from .interrupts import cause, exit_status
+        from .interrupts import cause, exit_status, leave
         stop.set()
         finished = done.wait(FOLLOW_WAIT_S + 2)
-        sys.stdout.flush()
-        sys.stderr.flush()
         code = ExitCode.OK if cause() == signal.SIGINT else exit_status()
         if not finished:  # stuck reconnecting: nothing on the host needs us
-            os._exit(code)
+            leave(code)
         if code:
             raise Interrupted()
         return

@@ -3,7 +3,14 @@
 Each host gets one `Host` (one SSH connection, one agent) for the whole task. A
 host that fails does so alone; the exit code is the worst of them all
 (3 unreachable > 1 failed > 0), and 130 when interrupted.
+
+Every worker thread a task runs on hosts starts here: `run_all` (one operation per host),
+`each` (a step of a task on several hosts: a bounded pool, results in order) and `flow`
+(work started as a schedule allows and handed back as it ends: `fab pull`'s copies, whose
+next sender depends on which copy ended).
 """
+import queue
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Optional
@@ -44,35 +51,78 @@ def worst(codes):
     return max(codes, key=_rank) if codes else ExitCode.OK
 
 
-def run_all(hosts, op, *, parallel, reporter, host_kwargs):
-    """Call op(host: Host) -> HostResult for each host name; returns [HostResult] in host order."""
-    results = {}
-
+def run_all(hosts, op, *, parallel, reporter, host_kwargs=None, opened=None):
+    """Call op(host: Host) -> HostResult for each host name; returns [HostResult] in host order.
+    A host's error is its result (reported, with its --json object). `opened`: {name: Host}
+    the caller holds across several steps (and closes); the others are made from
+    `host_kwargs` and closed after their op."""
     def one(name):
-        host = Host(name, **host_kwargs)
+        host = opened[name] if opened else Host(name, **host_kwargs)
         try:
-            res = op(host)
+            return op(host)
         except LlmfabError as e:
-            report_error(reporter, name, e)
-            res = HostResult(name, int(e.code), _short(e.message), json=error_record(name, e))
+            return failed(reporter, name, e)
         except Exception as e:  # a bug: report it per host, keep the others going
             reporter.line(name, f"internal error: {type(e).__name__}: {e}")
-            res = HostResult(name, ExitCode.FAILED, f"internal error: {type(e).__name__}",
-                             json={"host": name, "ok": False, "code": int(ExitCode.FAILED),
-                                   "error": f"internal error: {type(e).__name__}: {e}"})
+            return HostResult(name, ExitCode.FAILED, f"internal error: {type(e).__name__}",
+                              json={"host": name, "ok": False, "code": int(ExitCode.FAILED),
+                                    "error": f"internal error: {type(e).__name__}: {e}"})
         finally:
-            host.close()
-        results[name] = res
-        return res
+            if not opened:
+                host.close()
 
-    if len(hosts) == 1:
-        one(hosts[0])
-    else:
-        with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(hosts)))) as pool:
-            futures = [pool.submit(one, h) for h in hosts]
-            for f in futures:
-                f.result()
-    return [results[h] for h in hosts]
+    return each(hosts, one, parallel=parallel)
+
+
+def failed(reporter, name, error):
+    """The HostResult of a host whose step raised `error` (an LlmfabError), said on its line."""
+    report_error(reporter, name, error)
+    return HostResult(name, int(error.code), _short(error.message), json=error_record(name, error))
+
+
+def each(items, fn, *, parallel):
+    """[fn(item) for item in items], at most `parallel` at once in worker threads; one item
+    runs here, in this thread, where Ctrl-C reaches it. A Ctrl-C while they run waits for
+    those in flight (each host's step ends as it would)."""
+    items = list(items)
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(items)))) as pool:
+        futures = [pool.submit(fn, i) for i in items]
+        return [f.result() for f in futures]
+
+
+def flow(ready, run, ended, *, poll=0.5):
+    """Run work as a schedule allows: `ready()` -> the items to start now, each run as
+    `run(item)` in a worker thread of its own; `ended(item, outcome)` here, in this thread,
+    as each ends (it may make more items ready; an exception `run` raised is its outcome).
+    Returns once none runs and none is ready. This thread waits in slices of `poll` s, so a
+    Ctrl-C reaches it at once; work in flight is never waited for (a copy of a large file
+    would hold Ctrl-C for minutes): the task's exit (tasks/interrupts.py `leave`) ends it."""
+    done = queue.Queue()
+
+    def worker(item):
+        try:
+            outcome = run(item)
+        except Exception as e:  # noqa: BLE001 - handed to `ended`, which decides
+            outcome = e
+        done.put((item, outcome))
+
+    running = 0
+    while True:
+        for item in ready():
+            running += 1
+            threading.Thread(target=worker, args=(item,), daemon=True).start()
+        if not running:
+            return
+        while True:
+            try:
+                item, outcome = done.get(timeout=poll)
+                break
+            except queue.Empty:
+                continue
+        running -= 1
+        ended(item, outcome)
 
 
 def _short(message, limit=100):

@@ -209,12 +209,11 @@ def deploy_rolling(c, profile, opts, size, *, deploy_one, rollback_one, on_inter
     deploy_one(host, reporter) and rollback_one(host, reporter, release) -> HostResult, as
     `fab deploy` and `fab rollback` do one host; on_interrupt() -> [(host, line)] said on a
     second Ctrl-C."""
-    import sys
     from ..steps.preflight import deploy_dir
     from ..errors import Interrupted, TaskFailed
     from ..output import Reporter
     from .runner import host_kwargs, hosts_for, interrupt_note
-    from ..interrupts import exit_status
+    from ..interrupts import leave
     from ..steps.shutdown import stop_deployment
     hosts, ddir = hosts_for(c, profile), deploy_dir(profile)
     label = None
@@ -237,9 +236,7 @@ def deploy_rolling(c, profile, opts, size, *, deploy_one, rollback_one, on_inter
         reporter.line("", interrupt_note())
         for host, text in on_interrupt():  # the last lines: where each host is
             reporter.line(host, text)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_status())  # worker threads cannot be interrupted; sockets close with us
+        leave()  # worker threads cannot be interrupted; sockets close with us
     if interrupted:
         raise Interrupted()
     code = worst(r.code for r in results)

@@ -4,13 +4,13 @@ Loads and validates the profile first (ProfileError, exit 2, with nothing done
 anywhere), picks the hosts (`fab -H`, else the profile's `target.hosts`, else this
 machine), runs the per-host operation on all of them in parallel, prints the summary,
 and raises TaskFailed with the worst host's code. Errors become messages and exit
-codes in one place only: the boundary in tasks/cli.py.
+codes in one place only: the boundary in tasks/cli.py. A task whose work is not one
+operation per host (`fab pull`: plans, then copies between hosts, then manifests) runs its
+steps through tasks/fleet/fanout.py under `run_fleet`, which gives it the same Ctrl-C.
 """
-import os
-import sys
-
 from ..errors import Interrupted, TaskFailed
 from ..runtime import host_python
+
 
 def interrupt_note():
     from ..interrupts import words
@@ -49,29 +49,38 @@ def host_kwargs(c, profile, opts, python=None):
 
 
 def run_hosts(c, profile, op, opts, reporter, *, hosts, python=None, on_interrupt=None):
-    """Run op(host, reporter) -> HostResult on every host; [HostResult] in host order.
+    """Run op(host, reporter) -> HostResult on every host; [HostResult] in host order,
+    under `run_fleet`'s Ctrl-C (one host runs in this thread: Interrupted unwinds it)."""
+    from .fanout import run_all
+    kw = host_kwargs(c, profile, opts, python)
+    return run_fleet(lambda: run_all(hosts, lambda h: op(h, reporter), parallel=opts.parallel,
+                                     reporter=reporter, host_kwargs=kw),
+                     reporter, on_interrupt=on_interrupt, threads=len(hosts) > 1)
+
+
+def run_fleet(body, reporter, *, on_interrupt=None, note=interrupt_note, threads=True):
+    """body() on the hosts of a task, with the Ctrl-C every many-host task shares.
 
     Ctrl-C (tasks/interrupts.py): a host being changed (a stop, a launch) finishes that step
-    first; then the general note, then `on_interrupt()`'s [(host, line)] (where each host was
-    left, and how to restore it) as the last lines, then Interrupted (exit 130)."""
+    first; then `note()` (the general line: nothing more was done), then `on_interrupt()`'s
+    [(host, line)] (where each host was left, and how to restore it; it may still act, as
+    `fab pull` removes its key) as the last lines; then the process ends at once when
+    `threads` (worker threads run body's steps: they cannot be interrupted), else
+    Interrupted (exit 130) unwinds."""
     import signal
     import threading
-    from .fanout import run_all
-    from ..interrupts import CTRL_C, exit_status
+    from ..interrupts import CTRL_C, leave
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, CTRL_C.handler) if main else None
     try:
-        return run_all(hosts, lambda h: op(h, reporter), parallel=opts.parallel,
-                       reporter=reporter, host_kwargs=host_kwargs(c, profile, opts, python))
+        return body()
     except KeyboardInterrupt:
         CTRL_C.settle(_wait_until)
-        reporter.line("", interrupt_note())
+        reporter.line("", note())
         for host, text in (on_interrupt() if on_interrupt else ()):
             reporter.line(host, text)
-        if len(hosts) > 1:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(exit_status())  # worker threads cannot be interrupted; sockets close with us
+        if threads:
+            leave()  # worker threads cannot be interrupted; sockets close with us
         raise Interrupted() from None
     finally:
         if previous is not None:

@@ -8,7 +8,6 @@ same connection. The `local` host runs the very same agent as a subprocess.
 """
 import io
 import json
-import shlex
 import socket
 import subprocess
 import tempfile
@@ -209,9 +208,9 @@ class Host:
                 raise AgentStartFailed(f"cannot run server.python {self.python!r} here: {e.strerror}")
             self._chan = _Channel(self._proc.stdin, self._proc.stdout, self._local_death)
         else:
+            from .ssh import exec_channel
             try:
-                ssh_chan = self.cxn.client.get_transport().open_session()
-                ssh_chan.exec_command(shlex.join(argv))
+                ssh_chan = exec_channel(self.cxn, argv)
             except Exception as e:
                 raise ConnectionLost(f"cannot start a command: {error_words(e)}") from e
             self._ssh_chan = ssh_chan
@@ -280,6 +279,20 @@ class Host:
         They run one after the other on the host and the first failure ends the batch:
         its AgentError is raised as that call's own, and nothing after it ran."""
         return self.call("batch", calls=[dict(kw, op=op) for op, kw in calls], timeout=timeout)
+
+    def stream(self, argv):
+        """A second command on this host, fed bytes from here (tasks/transport/stream.py):
+        a session on this connection, or a local process."""
+        from .stream import CommandStream
+        return CommandStream(self, argv)
+
+    def server_key(self):
+        """(type, base64) of the SSH host key this connection checked (None for `local`)."""
+        if self.local:
+            return None
+        from .ssh import server_key
+        self.connect()
+        return server_key(self.cxn)
 
     # -- files --------------------------------------------------------------------------
     def put(self, data: bytes, path: str, mode: int = 0o644):

@@ -188,6 +188,21 @@ class SharedConfigConnection(Connection):
         return kwargs
 
 
+def exec_channel(cxn, argv):
+    """A new session on the open connection `cxn` running `argv` (quoted here): a second
+    command beside the agent costs no new login. Paramiko's Channel; its errors as raised."""
+    import shlex
+    chan = cxn.client.get_transport().open_session()
+    chan.exec_command(shlex.join(argv))
+    return chan
+
+
+def server_key(cxn):
+    """(type, base64) of the host key the open connection `cxn` checked on connecting."""
+    key = cxn.client.get_transport().get_remote_server_key()
+    return key.get_name(), key.get_base64()
+
+
 def connection(name, config):
     """A Connection to `name`, not opened yet, that leaves `config` as it was."""
     return SharedConfigConnection(name, config=config)

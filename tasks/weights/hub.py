@@ -22,7 +22,6 @@ import hashlib
 import importlib
 import os
 import re
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -159,12 +158,10 @@ def list_files(w, line, verify=False):
     except KeyboardInterrupt:
         # The downloads run in threads the executor would wait for: a 50 GB shard would hold
         # Ctrl-C for minutes. Stop here; their temporary files go at the next pull.
-        from ..interrupts import exit_status, words
+        from ..interrupts import leave, words
         line(f"interrupted ({words()}) while fetching from the hub: nothing was sent to the hosts; "
              "the files fetched whole stay in this machine's hub cache")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(exit_status())
+        leave()
     pool.shutdown()
     if not took:
         line(f"{w.source}: every file already in this machine's hub cache")

@@ -1,5 +1,6 @@
 """Bytes from this machine into a host's receiver (tasks/weights/host/receiver.py), on the
-task's own SSH connection (a second session on it) or to a local receiver process.
+task's own SSH connection (a second session on it) or to a local receiver process
+(tasks/transport/stream.py).
 
 One file at a time (`one`) for large files, resuming from an offset; small files in batches
 (`batch`): one session and one receiver start for many files, their bytes one after the
@@ -11,11 +12,7 @@ read" at once, rather than as a corrupt copy retried three times.
 """
 import hashlib
 import json
-import shlex
-import subprocess
 import time
-
-from ..base.host.hosterrors import error_words
 
 BATCH_FILES = 2000            # files in one batch at most
 BATCH_BYTES = 64 << 20        # bytes in one batch at most
@@ -26,48 +23,6 @@ def _changed(local, want, got):
     return (f"{local}: the source changed while it was being read (its bytes now hash to "
             f"{got[:12]}..., listed as {want[:12]}... at the start of this pull; a change that "
             "kept its mtime is seen only here): pull again; its cached hash is dropped")
-
-
-class _Stream:
-    """Where the bytes go: a session on the task's SSH connection, or a local process."""
-
-    def __init__(self, st, argv):
-        self.local = st.host.local
-        if self.local:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE)
-        else:
-            self.chan = st.host.cxn.client.get_transport().open_session()
-            self.chan.exec_command(shlex.join(argv))
-
-    def send(self, data):
-        if self.local:
-            self.proc.stdin.write(data)
-        else:
-            self.chan.sendall(data)
-
-    def finish(self, broken=None):
-        """-> (stdout, stderr, exit status); `broken`: the error that cut the sending short."""
-        if self.local:
-            try:
-                self.proc.stdin.close()
-            except OSError:
-                pass
-            out, err = self.proc.communicate()
-            return out, err, self.proc.returncode
-        try:
-            if broken is None:
-                self.chan.shutdown_write()
-            out = b"".join(iter(lambda: self.chan.recv(65536), b""))
-            rc = self.chan.recv_exit_status()
-            err = b""
-            while self.chan.recv_stderr_ready():
-                err += self.chan.recv_stderr(65536)
-            return out, err or (error_words(broken).encode() if broken else b""), rc
-        except OSError as e:
-            return b"", error_words(e).encode(), -1
-        finally:
-            self.chan.close()
 
 
 def _answer(out, err, rc):
@@ -109,7 +64,7 @@ def one(st, order, local, pull_id):
             h.update(data)
             left -= len(data)
         src.seek(order["offset"])
-        stream = _Stream(st, _argv(st, pull_id, order))
+        stream = st.host.stream(_argv(st, pull_id, order))
         broken = None
         try:
             _pump(stream, src, h, f["size"] - order["offset"])
@@ -145,7 +100,7 @@ def batch(st, root, listed, pull_id):
     start = time.monotonic()
     head = json.dumps([{k: f[k] for k in ("path", "size", "sha256")} for f in listed],
                       separators=(",", ":")).encode() + b"\n"
-    stream = _Stream(st, _argv(st, pull_id, {"root": root, "batch": True}))
+    stream = st.host.stream(_argv(st, pull_id, {"root": root, "batch": True}))
     changed, broken = {}, None
     try:
         stream.send(head)

@@ -1,4 +1,4 @@
-"""`fab pull`'s progress line (tasks/weights/pull.py `_progress`): the bytes it counts never
+"""`fab pull`'s progress line (tasks/weights/copies.py `_progress`): the bytes it counts never
 pass what the host needs (a retried copy's bytes count once), and no time left is guessed
 from the first instant of the copy (a first tiny file said "~4138111 s left")."""
 import io
@@ -6,7 +6,8 @@ import re
 import time
 
 from tasks.output import Reporter
-from tasks.weights.pull import _HostState, _progress
+from tasks.weights.copies import _progress
+from tasks.weights.pull import _HostState
 
 
 class _Named:
