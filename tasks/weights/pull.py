@@ -105,8 +105,15 @@ def pull(c, opts):
     def interrupted():  # the key goes on fresh connections: the task's may be mid-request
         return _revoke(names, pull_id, lambda n: Host(n, **kw), close=True)
 
-    ordered = run_fleet(lambda: _on_hosts(states, names, dirs, files, pull_id, opts, reporter),
-                        reporter, on_interrupt=interrupted, note=_interrupt_note)
+    try:  # Ctrl-C ends the process in run_fleet, once `interrupted` has run
+        ordered = run_fleet(lambda: _on_hosts(states, names, dirs, files, pull_id, opts, reporter),
+                            reporter, on_interrupt=interrupted, note=_interrupt_note)
+    finally:  # the pull's key, receiver and locks: its own only, never another pull's
+        started = [n for n in names if states[n].prepared]
+        for n, text in _revoke(started, pull_id, lambda n: states[n].host):
+            reporter.line(n, text)
+        for st in states.values():
+            st.host.close()
     if opts.json:
         emit_missing(reporter, ordered)
     summarize(reporter, ordered, "pull")
@@ -125,40 +132,27 @@ def _interrupt_note():
 def _on_hosts(states, names, dirs, files, pull_id, opts, reporter):
     """The pull's steps on its hosts (tasks/fleet/fanout.py runs each): plan every host, grant
     the pull's key, the small files, the copies, then each host's manifest. -> [HostResult]
-    in host order. The pull's key, receiver and locks are removed at the end, whatever
-    happened, on the task's connections; after Ctrl-C by run_fleet's `on_interrupt` instead."""
+    in host order."""
     hosts = {n: st.host for n, st in states.items()}
     t0 = time.monotonic()
-    clean = True
-    try:
-        planned = run_all(names, lambda h: _plan(states[h.name], dirs, pull_id, opts.verify, reporter),
-                          parallel=opts.parallel, reporter=reporter, opened=hosts)
-        results = {r.host: r for r in planned if r.code}
-        live = [n for n in names if n not in results]
-        needs = {n: {(d["path"], f["path"]): f["part"] for d in states[n].plan["dirs"]
-                     for f in d["files"] if not f["ok"]} for n in live}
-        senders = {n for n in live if _can_feed(states[n])}
-        granted = []
-        if len(senders) > 1 and any(needs[n] for n in live):
-            _grant(states, sorted(senders), pull_id, reporter, granted)
-        small_first(states, needs, files, pull_id, reporter)
-        fan = Fanout(sizes={k: f["size"] for k, f in files.items()}, needs=needs,
-                     can_send=senders if granted else set())
-        copy_all(fan, states, files, pull_id, reporter)
-        for r in run_all(live, lambda h: _finish(states[h.name], fan, dirs, opts, reporter, t0),
-                         parallel=opts.parallel, reporter=reporter, opened=hosts):
-            results[r.host] = r
-        return [results[n] for n in names]
-    except KeyboardInterrupt:
-        clean = False
-        raise
-    finally:
-        if clean:
-            started = [n for n in names if states[n].prepared]
-            for n, text in _revoke(started, pull_id, lambda n: states[n].host):
-                reporter.line(n, text)
-            for st in states.values():
-                st.host.close()
+    planned = run_all(names, lambda h: _plan(states[h.name], dirs, pull_id, opts.verify, reporter),
+                      parallel=opts.parallel, reporter=reporter, opened=hosts)
+    results = {r.host: r for r in planned if r.code}
+    live = [n for n in names if n not in results]
+    needs = {n: {(d["path"], f["path"]): f["part"] for d in states[n].plan["dirs"]
+                 for f in d["files"] if not f["ok"]} for n in live}
+    senders = {n for n in live if _can_feed(states[n])}
+    granted = []
+    if len(senders) > 1 and any(needs[n] for n in live):
+        _grant(states, sorted(senders), pull_id, reporter, granted)
+    small_first(states, needs, files, pull_id, reporter)
+    fan = Fanout(sizes={k: f["size"] for k, f in files.items()}, needs=needs,
+                 can_send=senders if granted else set())
+    copy_all(fan, states, files, pull_id, reporter)
+    for r in run_all(live, lambda h: _finish(states[h.name], fan, dirs, opts, reporter, t0),
+                     parallel=opts.parallel, reporter=reporter, opened=hosts):
+        results[r.host] = r
+    return [results[n] for n in names]
 
 
 def _counted(err, st):

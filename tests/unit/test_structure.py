@@ -193,3 +193,35 @@ def test_status_renders_a_dead_server_with_why():
     assert verdict(st).summary == "not running"
     gone = Status(record(running=False, deployed=False, gpus=None))
     assert render(gone) == ["not deployed"] and verdict(gone).summary == "not deployed"
+
+
+# -- one runner, one transport, one exit (issue 37 item 5) -----------------------------------
+
+def _client_modules():
+    """The modules that run on this machine: tasks/ less the host/ packages, which run on the
+    hosts (the launcher and the agent end their own processes there)."""
+    return [p for p in (REPO / "tasks").rglob("*.py") if "host" not in p.relative_to(REPO).parts
+            and p.name not in ("launcher.py", "agent_bootstrap.py")]
+
+
+def test_every_ctrl_c_and_closed_pipe_path_leaves_through_interrupts_leave():
+    offenders = [str(p.relative_to(REPO)) for p in _client_modules()
+                 if p.name != "interrupts.py" and "os._exit(" in p.read_text()]
+    assert offenders == []
+    text = (REPO / "tasks" / "interrupts.py").read_text()
+    assert text.count("os._exit(") == 1 and "def leave(" in text
+
+
+def test_ssh_sessions_are_opened_only_in_the_transport():
+    offenders = [str(p.relative_to(REPO)) for p in _client_modules()
+                 if "transport" not in p.relative_to(REPO).parts
+                 and re.search(r"open_session\(|get_transport\(|\.exec_command\(", p.read_text())]
+    assert offenders == []
+
+
+def test_fab_pull_starts_its_threads_through_the_fleet_runner():
+    # Its hosts, copies and key removal run on tasks/fleet/fanout.py; hub.py and local.py keep
+    # pools of this machine's own work (downloads, hashing), which touch no host.
+    for name in ("pull.py", "copies.py", "send.py", "schedule.py"):
+        text = (REPO / "tasks" / "weights" / name).read_text()
+        assert not re.search(r"ThreadPoolExecutor|threading\.Thread\(|KeyboardInterrupt", text), name
