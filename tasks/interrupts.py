@@ -11,6 +11,9 @@ timeout): the same deferral while a host is being changed, the same put-back and
 same last lines naming the signal, and exit 128 + its number (143, 129; Ctrl-C 130). A parent
 that ignores SIGHUP (`nohup fab deploy`) keeps it ignored.
 
+Where a run cannot unwind (worker threads that cannot be interrupted, a closed pipe, Ctrl-C
+while llmfab loads), `leave` ends the process: the one exit of every such path.
+
 Tasks that change hosts keep one `Spot` per host (what ran before, the release being brought
 up, the step reached); `left_lines` turns them into the last lines of an interrupted run:
 per host, old release, new one, or stopped, and the command that restores it.
