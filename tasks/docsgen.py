@@ -205,8 +205,9 @@ def architecture_page():
     out = ["# Where the code is", "",
            "Every module, with the first paragraph of its docstring, folder by folder. The client "
            "runs the tasks: one module per task at the top of `tasks/`, the steps they share in "
-           "`tasks/steps/`, and one package per capability beside them; imports only run downward "
-           "(a task imports steps, steps import capabilities, and none of those imports a task; among tasks, deploy and targets reuse `releases`, and tune deploys and benches through `deploy`, `bench` and `releases`). What runs on a "
+           "`tasks/steps/`, one package per capability beside them, and the floor they all stand on "
+           "in `tasks/base/`; imports only run down the layers (base, then profile and transport, "
+           "then the capabilities, then steps, then the tasks: tests/unit/test_layers.py). What runs on a "
            "host is each capability's `host/` package (`tasks/gpu/host/`, `tasks/doctor/host/`, ...): "
            "standard library only, Python 3.9+, shipped to the host together as the agent's package "
            "`llmfab_host` (and into a supervised release, for its supervisor); nothing else travels. "

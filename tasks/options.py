@@ -13,7 +13,7 @@ import re
 from typing import Optional, Tuple
 
 from .errors import UsageError
-from .steps.host.procs import DEFAULT_GRACE_S, KILL_GPU_GRACE_S
+from .base.host.stopping import DEFAULT_GRACE_S, KILL_GPU_GRACE_S
 
 RELEASE_NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 

@@ -33,7 +33,7 @@ from ..output import processes
 from .fanout import HostResult, run_all, worst
 from ..profile.types import Profile, Secret
 from ..transport.agent import AgentError
-from ..steps.host.procs import DEFAULT_GRACE_S
+from ..base.host.stopping import DEFAULT_GRACE_S
 
 RAY_START_WAIT_S = 180.0   # one `ray start` (a loaded node can take a minute)
 CLUSTER_WAIT_S = 300.0     # until every node and GPU is listed

@@ -17,7 +17,7 @@ PYTHONHOME, site .pth files and the release's own files never change what they i
 import json
 
 from ..steps.argv import DEFAULT_ENTRY, server_argv
-from ..steps.host.procs import DEFAULT_GRACE_S
+from ..base.host.stopping import DEFAULT_GRACE_S
 from ..transport.agent_code import HOST_PACKAGE, host_files
 from ..profile.types import Profile
 

@@ -12,7 +12,7 @@ model), the Hugging Face cache [server.env] HF_HOME or HF_HUB_CACHE names, then 
 mounts. Its secrets travel as today (secrets.json, 0600) into a 0600 env file the engine reads.
 """
 from ..profile.types import Profile
-from ..steps.host.procs import DEFAULT_GRACE_S
+from ..base.host.stopping import DEFAULT_GRACE_S
 from . import runtime_json
 from .host.container import RESTART_POLICY, container_name
 

@@ -6,7 +6,7 @@ supervised release does: tasks/release/launcher.py supervisor_files).
 """
 from ..release.launcher import SUPERVISOR_PACKAGE
 from .container import hang_spec
-from ..steps.host.procs import DEFAULT_GRACE_S
+from ..base.host.stopping import DEFAULT_GRACE_S
 from ..transport.agent_code import host_files
 from . import runtime_json
 

@@ -41,7 +41,7 @@ DEFAULT_ENTRY = "cli"
 
 def vllm_entry(engine):
     """The entry's name for the host's engine record ({package, distribution, version} from
-    its preflight, tasks/steps/host/engineid.py), or DEFAULT_ENTRY when there is none."""
+    its preflight, tasks/base/host/engineid.py), or DEFAULT_ENTRY when there is none."""
     if not engine:
         return DEFAULT_ENTRY
     dist = (engine.get("distribution") or "").lower().replace("_", "-")

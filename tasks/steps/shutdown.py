@@ -15,7 +15,7 @@ from ..errors import OperationFailed
 from ..output import processes
 from ..gpu.memory import FREE_TIMEOUT_S, gpu_lines, other_holder_lines, wait_freed, wait_own_freed
 from ..gpu.host.nvsmi import baseline_limits, tolerance, unlisted
-from .host.procs import DEFAULT_GRACE_S
+from ..base.host.stopping import DEFAULT_GRACE_S
 
 
 def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=FREE_TIMEOUT_S,

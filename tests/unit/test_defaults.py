@@ -14,7 +14,7 @@ from tasks.options import KillGpuProcsOptions, StopOptions
 from tasks.profile.schema import TARGET_KEYS
 from tasks.profile.types import Target
 from tasks.base.host.layout import KEEP_RELEASES
-from tasks.steps.host.procs import DEFAULT_GRACE_S, KILL_GPU_GRACE_S
+from tasks.base.host.stopping import DEFAULT_GRACE_S, KILL_GPU_GRACE_S
 
 NAMES = {"grace", "keep", "keep_releases"}  # defaults that must be a named constant, never a number
 

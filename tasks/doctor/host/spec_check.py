@@ -10,7 +10,7 @@ Standard library only; Python >= 3.9.
 """
 
 from . import spec_facts, versions
-from ...steps.host import engineid
+from ...base.host import engineid
 from .spec_rules import RULES
 
 

@@ -19,7 +19,7 @@ import sys
 import time
 
 from ...gpu.host import nvsmi
-from ...steps.host.procs import DEFAULT_GRACE_S
+from ...base.host.stopping import DEFAULT_GRACE_S
 from ...base.host.safefile import open_append
 from ...base.host.hosterrors import HostError
 from ...base.host.hostenv import site_packages

@@ -377,7 +377,7 @@ def engine_probe(spec, engine, python, env):
     """engineid.probe(engine) run by the image's `python` in the image, with the profile's plain
     environment (an env file of mode 0600, removed afterwards): what the server will find."""
     import tempfile
-    from ...steps.host import engineid
+    from ...base.host import engineid
     fd, path = tempfile.mkstemp(prefix="llmfab-probe-", suffix=".env")
     try:
         with os.fdopen(fd, "w") as f:

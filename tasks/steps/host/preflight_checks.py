@@ -6,7 +6,8 @@ Each check is {check, status: OK | WARN | FAIL, message}. A FAIL stops the deplo
 import os
 import sys
 
-from . import engineid, modelcheck, probe
+from ...base.host import engineid
+from . import modelcheck, probe
 from ...runtime.host import container
 from ...gpu.host import nvsmi
 from ...runtime.host import runtimes

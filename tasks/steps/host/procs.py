@@ -1,7 +1,7 @@
 """Stopping a deployment on the host: TERM the group, wait, KILL, sweep stragglers.
 
-`stop` is what `fab stop` runs; `stop_own_group` the same from inside the group (the
-supervisor, tasks/supervise/host/supervisor.py, ending what is left of a crashed attempt).
+`stop` is what `fab stop` runs; the same from inside the group (the supervisor ending what is
+left of a crashed attempt) is tasks/base/host/stopping.py stop_own_group.
 
 Stragglers are processes that left the server's process group (e.g. a worker that
 called setsid) but still carry the launcher's `LLMFAB_RELEASE` environment marker.
@@ -17,43 +17,17 @@ from ...runtime.host import container
 from ...supervise.host import supervisor_state
 from ...runtime.host import runtimes
 from ...base.host.layout import mark_stopped
-from ...base.host.procfs import cmdline, group_members, kill_each, pid_alive
+from ...base.host.procfs import cmdline, group_members, pid_alive
 from ...base.host.statefiles import expand, read_json
 from ...base.host import identity
-DEFAULT_GRACE_S = 30.0  # SIGTERM -> SIGKILL of every stop (fab stop, deploy, supervisor, Ray): the one default
-KILL_GPU_GRACE_S = 10.0  # fab kill-gpu-procs: SIGTERM -> SIGKILL of processes that are not ours
-KILL_WAIT_S = 5.0  # after SIGKILL: the kernel needs a moment to reap a big CUDA process
-REAPER_WAIT_S = 2.0
+from ...base.host.stopping import (DEFAULT_GRACE_S, KILL_GPU_GRACE_S, KILL_WAIT_S, REAPER_WAIT_S, signal_pids,
+                                  wait_gone)
 
 
 def marked(ddir):
     """Live pids of this deployment, of any release (identity.py: its cgroup, its session, or
     the environment marker of an older release)."""
     return list(runtimes.members(ddir))
-
-
-def _signal(pids, pgid, sig):
-    """`sig` once to each process: the group by killpg, then each pid outside the group.
-
-    A process must never get a second SIGTERM: servers built on uvicorn read it as
-    "stop now, skip the graceful shutdown", and a handler that takes a lock deadlocks.
-    """
-    if pgid:
-        in_group = set(group_members(pgid))
-        try:
-            os.killpg(pgid, sig)
-        except (ProcessLookupError, PermissionError):
-            in_group = set()
-        pids = [p for p in pids if p not in in_group]
-    kill_each(pids, sig)
-
-
-def _wait_gone(pids, deadline, sleep=time.sleep):
-    while True:
-        alive = [p for p in pids if pid_alive(p)]
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        sleep(0.05)
 
 
 def ours(ddir, pgid):
@@ -85,8 +59,8 @@ def stop(ddir, grace, by=None):
         mark_stopped(ddir, server, by)
     names = {p: cmdline(p) for p in targets}
     t0 = time.monotonic()
-    _signal(sorted(targets), pgid, signal.SIGTERM)
-    _wait_gone(sorted(targets), t0 + grace)
+    signal_pids(sorted(targets), pgid, signal.SIGTERM)
+    wait_gone(sorted(targets), t0 + grace)
     # The sweep: what survived TERM, and anything of ours spawned meanwhile (a worker
     # that called setsid after the first scan, say) goes by KILL.
     now = ours(ddir, server.get("pgid") if pgid else None)[0]
@@ -99,12 +73,12 @@ def stop(ddir, grace, by=None):
         # gone: kill the others first and give it a moment to record how the server ended.
         reaper = server.get("pgid") if server.get("pgid") in left else None
         killed = [p for p in left if p != reaper]
-        _signal(killed, None, signal.SIGKILL)
-        survivors = _wait_gone(killed, time.monotonic() + KILL_WAIT_S)
-        if reaper and _wait_gone([reaper], time.monotonic() + REAPER_WAIT_S):
-            _signal([reaper], None, signal.SIGKILL)
+        signal_pids(killed, None, signal.SIGKILL)
+        survivors = wait_gone(killed, time.monotonic() + KILL_WAIT_S)
+        if reaper and wait_gone([reaper], time.monotonic() + REAPER_WAIT_S):
+            signal_pids([reaper], None, signal.SIGKILL)
             killed.append(reaper)
-            survivors += _wait_gone([reaper], time.monotonic() + KILL_WAIT_S)
+            survivors += wait_gone([reaper], time.monotonic() + KILL_WAIT_S)
     return {
         "already_stopped": False,
         "server": server,
@@ -114,39 +88,6 @@ def stop(ddir, grace, by=None):
         "names": {str(k): v for k, v in names.items()},
         "seconds": round(time.monotonic() - t0, 3),
     }
-
-
-def stop_own_group(marked, grace, sleep=time.sleep):
-    """`stop`, done from inside the group it stops: the supervisor leads its server's process
-    group, so it TERMs the group once with itself spared, then each process `marked()` names
-    (its release's marker) outside the group; waits `grace` s, KILLs what is left and what
-    appeared meanwhile. `sleep(s)` waits (the supervisor's notices a stop request).
-    Returns {"terminated": [...], "killed": [...]}."""
-    me = os.getpid()
-    group = set(group_members(me)) - {me}
-    targets = group | set(marked())
-    if targets:
-        if group:
-            _term_own_group()
-        _signal(sorted(set(marked()) - set(group_members(me))), None, signal.SIGTERM)
-        _wait_gone(sorted(targets), time.monotonic() + grace, sleep)
-    # The sweep: survivors of TERM, and anything of ours that appeared meanwhile.
-    left = sorted(p for p in (targets | set(marked()) | set(group_members(me))) - {me} if pid_alive(p))
-    _signal(left, None, signal.SIGKILL)
-    _wait_gone(left, time.monotonic() + KILL_WAIT_S, sleep)
-    return {"terminated": sorted(targets - set(left)), "killed": left}
-
-
-def _term_own_group():
-    """SIGTERM to this process's group, itself spared: blocked, then the pending one consumed."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
-        os.killpg(os.getpgid(0), signal.SIGTERM)
-        signal.sigtimedwait({signal.SIGTERM}, 0)
-    except (ProcessLookupError, PermissionError):
-        pass
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def baseline(ddir, server):
@@ -266,9 +207,9 @@ def kill(targets, grace, by="fab kill-gpu-procs"):
     for t in targets:
         res = _signal_one(t["pid"], t.get("start"), signal.SIGTERM)
         {"sent": sent, "gone": gone, "denied": denied}[res].append(t)
-    alive = [t for t in sent if t["pid"] in _wait_gone([x["pid"] for x in sent], t0 + grace)]
+    alive = [t for t in sent if t["pid"] in wait_gone([x["pid"] for x in sent], t0 + grace)]
     killed = [t["pid"] for t in alive if _signal_one(t["pid"], t.get("start"), signal.SIGKILL) == "sent"]
-    survivors = _wait_gone(killed, time.monotonic() + KILL_WAIT_S)
+    survivors = wait_gone(killed, time.monotonic() + KILL_WAIT_S)
     return {"terminated": [t["pid"] for t in sent if t["pid"] not in killed], "killed": killed,
             "survivors": survivors, "gone": [t["pid"] for t in gone],
             "denied": [t["pid"] for t in denied], "names": names,

@@ -30,7 +30,7 @@ from ...base.host import identity
 from ...runtime.host import runtimes
 from ...gpu.host.nvsmi import baseline_limits, gpus_over, tolerance, unlisted_now
 from .hangwatch import HangWatch, deploy_saw_ready, fatal_line, load_rules
-from ...steps.host.procs import DEFAULT_GRACE_S, KILL_WAIT_S, stop_own_group
+from ...base.host.stopping import DEFAULT_GRACE_S, KILL_WAIT_S, stop_own_group
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)  # USR1: `fab stop`'s request; TERM: any stop
 TICK_S = 5.0  # longest sleep between looks when nothing happens (idle CPU stays ~0)

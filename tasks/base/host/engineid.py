@@ -42,7 +42,7 @@ def identify(engine):
     package = ENGINE_PACKAGES.get(engine)
     if package is None:
         return None
-    from ...base.host.hostenv import site_packages
+    from .hostenv import site_packages
     site_packages()
     return find(package)
 
