@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from .template_values import VALUES
-from ..base.host.hosterrors import exit_words
+from ..base.host.hosterrors import exit_words, signal_name
 from .rules import BY_ID, EXITED
 
 
@@ -119,7 +119,6 @@ def exit_cause(values, readings):
 
 
 def _signal_name(num):
-    from ..base.host.hosterrors import signal_name
     return signal_name(num)
 
 

@@ -8,6 +8,8 @@ line, ended_at}, next_attempt_in_s`) and the human lines. An unsupervised releas
 The failure rule of a crash is the one the host recorded: "hung" for a hang the supervisor
 detected, else the rule the host named from the rule table (tasks/failures/rules/), or null.
 """
+from ..base.host.hosterrors import exit_words  # one wording for every end
+
 
 OFF = {"restart": "no", "restarts": 0, "state": "off", "last": None, "next_attempt_in_s": None}
 
@@ -27,7 +29,6 @@ def record(host_view):
 def how_it_ended(last):
     if not last:
         return "?"
-    from ..base.host.hosterrors import exit_words  # one wording for every end
     text = f"killed by {last['signal']}" if last.get("signal") else exit_words(last.get("exit"))
     return text + (f", {last['rule']}" if last.get("rule") else "")
 

@@ -7,13 +7,14 @@ torch it needs. Standard library only; Python >= 3.9.
 """
 import re
 
+from ...base.host.hostenv import site_packages
+
 TORCH_REQ = re.compile(r"torch\s*(?:\(([^)]*)\)|([<>=!~][^;]*))?\s*(?:;|$)")
 
 
 def op_packages(req):
     """{name: {version, torch} or None} for each of req["names"] and for torch itself;
     `torch` is the package's requirement on torch ("==2.13.0"), None when it states none."""
-    from ...base.host.hostenv import site_packages
     site_packages()
     import importlib.metadata as md
     out = {}

@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 
-from ...base.host.hosterrors import HostError
+from ...base.host.hosterrors import HostError, exit_words
 from ...base.host.statefiles import expand
 from ...base.host.layout import FAILED_FILE, KEEP_RELEASES, point_current
 from .release_dirs import prune
@@ -122,5 +122,4 @@ def run_launcher(python, launcher):
 
 def _how(code):
     """`exit 1`, or `killed by SIGKILL` (hosterrors.exit_words: one wording for every end)."""
-    from ...base.host.hosterrors import exit_words
     return "exit %d" % code if code >= 0 else exit_words(code)

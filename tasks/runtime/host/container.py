@@ -24,10 +24,11 @@ import subprocess
 import sys
 import time
 
-from ...base.host.hosterrors import HostError
+from ...base.host import engineid
+from ...base.host.hosterrors import Damaged, HostError
 from ...base.host.hostenv import which
-from ...base.host.layout import mark_stopped
-from ...base.host.procfs import pid_alive
+from ...base.host.layout import STOP_FILE, mark_stopped, release_marker
+from ...base.host.procfs import cmdline, pid_alive, proc_read
 from ...base.host.statefiles import read_json, utc_iso, write_json
 from ...release.host.release_dirs import release_launcher
 
@@ -253,8 +254,6 @@ def alive(ddir, server):
     brought up to date with the new server's pid (status and the wait read it there). While
     the recorded server lives (its release's marker in its environment) the engine is not
     asked: the wait polls this many times a second."""
-    from ...base.host.layout import release_marker
-    from ...base.host.procfs import proc_read
     pid = server.get("pid")
     if pid and pid_alive(pid) and release_marker(ddir, server.get("release")) in \
             (proc_read(pid, "environ") or b"").split(b"\0"):
@@ -284,7 +283,6 @@ def _stop(ddir, server, grace):
     before = pids(ddir, server)
     if not before and not alive(ddir, server):
         return {"already_stopped": True, "server": server, "terminated": [], "killed": [], "survivors": []}
-    from ...base.host.procfs import cmdline
     names = {str(p): cmdline(p) for p in before}
     t0 = time.monotonic()
     _engine(server["runtime"], "stop", "--time", str(int(math.ceil(grace))), server["container"],
@@ -377,7 +375,6 @@ def engine_probe(spec, engine, python, env):
     """engineid.probe(engine) run by the image's `python` in the image, with the profile's plain
     environment (an env file of mode 0600, removed afterwards): what the server will find."""
     import tempfile
-    from ...base.host import engineid
     fd, path = tempfile.mkstemp(prefix="llmfab-probe-", suffix=".env")
     try:
         with os.fdopen(fd, "w") as f:
@@ -423,8 +420,6 @@ def _watch(here):
     once the new start answers). Ends with the release: a stop, another release, the container
     gone or down for good."""
     from ...supervise.host.hangwatch import HangWatch, deploy_saw_ready
-    from ...base.host.hosterrors import Damaged
-    from ...base.host.layout import STOP_FILE
     spec = read_json(os.path.join(here, "runtime.json")) or {}
     cfg, engine, name = spec.get("hang"), spec.get("engine"), spec.get("name")
     ddir, release = os.path.dirname(os.path.dirname(here)), os.path.basename(here)

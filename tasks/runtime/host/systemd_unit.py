@@ -34,7 +34,7 @@ import time
 from ...release.host.release_dirs import release_launcher
 from ...base.host.hosterrors import HostError
 from ...base.host.layout import mark_stopped
-from ...base.host.procfs import pid_alive
+from ...base.host.procfs import cmdline, pid_alive
 from ...base.host.statefiles import read_json, utc_iso, write_atomically, write_json
 from ...gpu.host.nvsmi import baseline_limits, gpus_over
 from .runtimes import server_alive
@@ -307,7 +307,6 @@ def pids(ddir, server):
 def stop(ddir, server, grace, by):
     """systemctl stop with `grace` as TimeoutStopSec (SIGTERM to the whole cgroup, SIGKILL after
     it); the unit is disabled too, so a stopped deployment stays stopped after a reboot."""
-    from ...base.host.procfs import cmdline
     name = server.get("unit") or unit_name(ddir)
     before = pids(ddir, server)
     if not before and show(name).get("ActiveState") not in ("active", "activating", "deactivating"):

@@ -13,7 +13,8 @@ from ...gpu.host import nvsmi
 from ...runtime.host import runtimes
 from ...base.host.hostenv import which
 from ...base.host.procfs import group_members
-from ...base.host.statefiles import not_writable
+from ...base.host.statefiles import expand, not_writable, read_json
+from ...runtime.host.runtimes import server_alive
 MIN_DISK_FREE_MIB = 16  # below this a release, let alone its log, may not fit
 
 
@@ -280,8 +281,6 @@ def run(req):
 def gpu_holders(ddir, nvidia_smi, devices):
     """gpuprocs.holders of the deployment's GPUs, with `live` (the holder is part of this
     deployment's running server, which a redeploy stops first); [] without a deploy_dir."""
-    from ...base.host.statefiles import expand, read_json
-    from ...runtime.host.runtimes import server_alive
     from ...gpu.host.gpuprocs import holders
     if not ddir or not nvsmi.available(nvidia_smi):
         return []
