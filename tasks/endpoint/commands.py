@@ -9,47 +9,21 @@ under its name; sleep and wake ask the router's parking hook.
 """
 import dataclasses
 import json
-import re
 import sys
 
 from ..errors import ExitCode, LlmfabError, OperationFailed, TaskFailed
 from ..fleet.fanout import HostResult
-from ..output import terminal_lines, write_text
-
-# The raw text of a completion's first choice, extracted exactly as llmfab_park.lua does.
-TEXT_RE = re.compile(rb'"text"\s*:\s*"(.*?)"\s*[,}]', re.S)
-
-
-def _say(text):
-    """A line of the endpoint's own summary; member ids and answers pass the output layer."""
-    write_text(sys.stdout, terminal_lines(text) + "\n")
-
-
-def _hosts(c, ep):
-    hosts = list(c.config.get("llmfab_hosts") or []) or list(ep.hosts) \
-        or list(ep.members[0].profile.target.hosts) or ["local"]
-    return list(dict.fromkeys(hosts))
-
-
-def _with_hosts(c, hosts):
-    """The Invoke context with -H set to `hosts` (members' tasks then run on the endpoint's hosts)."""
-    c.config["llmfab_hosts"] = list(hosts)
-    return c
-
-
-def _run_body(module, function, c, opts):
-    import importlib
-    body = getattr(importlib.import_module(f"..{module}", __package__), function)
-    return body(c, opts)
-
+from ..output import write_text
+from .onhosts import admin, hosts_of, record_checks, run_body, say, with_hosts
+from .swap import can_swap, redeploy, rollback as rollback_members, router_states
 
 def _each(c, ep, opts, module, function, title, *, router=True, reverse=False, slots=None):
     """Run one ordinary task on every member (and the router), each named; the worst code.
     `slots`: {member: the slots ("a", "b") it runs on} (default: its own profile, slot a)."""
     from .profile import slot_profile, write_router_profile
     import tempfile
-    hosts = _hosts(c, ep)
-    _with_hosts(c, hosts)
+    hosts = hosts_of(c, ep)
+    with_hosts(c, hosts)
     folder = tempfile.mkdtemp(prefix=f"llmfab-endpoint-{ep.name}-")
     targets = []
     for m in ep.members:
@@ -63,31 +37,15 @@ def _each(c, ep, opts, module, function, title, *, router=True, reverse=False, s
         targets.reverse()
     worst = 0
     for label, path in targets:
-        _say(f"== endpoint {ep.name}: {label} ({title}) ==")
-        _with_hosts(c, hosts)
+        say(f"== endpoint {ep.name}: {label} ({title}) ==")
+        with_hosts(c, hosts)
         try:
-            _run_body(module, function, c, dataclasses.replace(opts, profile=path))
+            run_body(module, function, c, dataclasses.replace(opts, profile=path))
         except LlmfabError as e:
             if e.message:
-                _say(f"error: {e.message}")
+                say(f"error: {e.message}")
             worst = max(worst, int(e.code))
     return worst
-
-
-def _admin(c, ep, opts, path, method="GET"):
-    """{host: {status, body|error}} from the router's admin service on every host."""
-    from ..fleet.runner import run_hosts
-    from ..output import Reporter
-    hosts = _hosts(c, ep)
-    reporter = Reporter(hosts, json_mode=getattr(opts, "json", False))
-    answers = {}
-
-    def op(host, rep):
-        host.start()
-        answers[host.name] = host.call("endpoint_admin", port=ep.admin_port, path=path, method=method)
-        return HostResult(host.name)
-    run_hosts(c, ep.members[0].profile, op, opts, reporter, hosts=hosts)
-    return answers
 
 
 # -- deploy ---------------------------------------------------------------------------------
@@ -125,30 +83,8 @@ def plan_on_hosts(c, ep, opts):
                 + ". Nothing was started: lower a member's --kv-cache-memory-bytes or "
                   "gpu-memory-utilization, park members ([endpoint.parked]), or free the GPU")
         return HostResult(host.name, summary="memory plan fits")
-    run_task(c, first, op, opts, title="endpoint memory plan", hosts=_hosts(c, ep))
+    run_task(c, first, op, opts, title="endpoint memory plan", hosts=hosts_of(c, ep))
     return plans
-
-
-def record_checks(c, ep, m, opts, *, profile=None, hosts=None):
-    """Each host's known greedy completion of member `m` (its slot `profile`), right after its
-    ready (the text a wake must give again). {host: raw text}."""
-    from ..fleet.runner import run_task
-    from .router import check_body
-    texts = {}
-    prof = profile or m.profile
-
-    def op(host, reporter):
-        host.start()
-        r = host.call("endpoint_http", host_addr=prof.server.host, port=prof.server.port,
-                      path="/v1/completions", method="POST", body=check_body(prof.served_name))
-        match = TEXT_RE.search((r.get("text") or "").encode("utf-8", "surrogateescape"))
-        if r.get("status") != 200 or not match:
-            raise OperationFailed(f"member {m.name}: its check completion answered "
-                                  f"{r.get('status') or r.get('error')}: not recorded")
-        texts[host.name] = match.group(1).decode("utf-8", "surrogateescape")
-        return HostResult(host.name, summary=f"{m.name}: check completion recorded")
-    run_task(c, prof, op, opts, title=f"record {m.name}", hosts=hosts or _hosts(c, ep))
-    return texts
 
 
 def park_now(c, ep, m, opts):
@@ -164,34 +100,33 @@ def park_now(c, ep, m, opts):
         if r.get("status") != 200:
             raise OperationFailed(f"member {m.name}: /sleep?level=1 answered {r.get('status') or r.get('error')}")
         return HostResult(host.name, summary=f"{m.name}: parked ({r['seconds']:.2f} s)")
-    run_task(c, prof, op, opts, title=f"park {m.name}", hosts=_hosts(c, ep))
+    run_task(c, prof, op, opts, title=f"park {m.name}", hosts=hosts_of(c, ep))
 
 
 def deploy(c, opts, ep):
     from ..deploy import deploy as deploy_one
     from .profile import write_router_profile
     import tempfile
-    hosts = _hosts(c, ep)
-    _with_hosts(c, hosts)
+    hosts = hosts_of(c, ep)
+    with_hosts(c, hosts)
     if opts.dry_run:
         for m in ep.members:
-            _say(f"== endpoint {ep.name}: member {m.name} ==")
+            say(f"== endpoint {ep.name}: member {m.name} ==")
             deploy_one(c, dataclasses.replace(opts, profile=str(m.path)))
         return None
-    from .swap import can_swap, redeploy, router_states
     states = router_states(c, ep, opts)
     if not opts.no_wait and can_swap(ep, states):  # running: each changed member moves slot (swap.py)
         return redeploy(c, opts, ep, states)
-    _with_hosts(c, hosts)
+    with_hosts(c, hosts)
     plan_on_hosts(c, ep, opts)
     expects = {}
     for i, m in enumerate(ep.members):
-        _say(f"== endpoint {ep.name}: member {m.name} ({i + 1}/{len(ep.members)}) ==")
+        say(f"== endpoint {ep.name}: member {m.name} ({i + 1}/{len(ep.members)}) ==")
         try:
             deploy_one(c, dataclasses.replace(opts, profile=str(m.path)))
         except LlmfabError:
             started = ", ".join(x.name for x in ep.members[:i]) or "none"
-            _say(f"error: member {m.name} did not start (above). Members running: {started}; "
+            say(f"error: member {m.name} did not start (above). Members running: {started}; "
                  f"the router was not started. Fix it and run the endpoint's deploy again.")
             raise
         if not opts.no_wait:
@@ -199,7 +134,7 @@ def deploy(c, opts, ep):
             expects[m.name] = next(iter(texts.values()), None)
             if m.parked:
                 park_now(c, ep, m, opts)
-    _say(f"== endpoint {ep.name}: router (HAProxy on {ep.host}:{ep.port}) ==")
+    say(f"== endpoint {ep.name}: router (HAProxy on {ep.host}:{ep.port}) ==")
     rdir = tempfile.mkdtemp(prefix=f"llmfab-endpoint-{ep.name}-")
     rpath = write_router_profile(ep, rdir, hosts, expects=expects)
     deploy_one(c, dataclasses.replace(opts, profile=str(rpath)))
@@ -214,19 +149,19 @@ def park(c, opts, ep, action):
     members = parked_member(ep, opts.member)
     worst = 0
     for m in members:
-        answers = _admin(c, ep, opts, f"/{action}?member={m.name}", method="POST")
+        answers = admin(c, ep, opts, f"/{action}?member={m.name}", method="POST")
         for host, a in answers.items():
             body = a.get("body") or {}
             if a.get("status") == 200:
                 verb = "parked" if action == "sleep" else "awake"
-                _say(f"{host}: {m.name}: {verb} in {body.get('seconds', 0):.2f} s")
+                say(f"{host}: {m.name}: {verb} in {body.get('seconds', 0):.2f} s")
             else:
                 worst = ExitCode.FAILED
                 why = body.get("error") if isinstance(body, dict) else None
                 why = why or a.get("error") or f"HTTP {a.get('status')}"
                 if a.get("status") is None:
                     why = f"the router's admin port {ep.admin_port} does not answer ({why}): is the endpoint deployed?"
-                _say(f"{host}: {m.name}: {action} failed: {why}")
+                say(f"{host}: {m.name}: {action} failed: {why}")
     if worst:
         raise TaskFailed(worst)
 
@@ -277,13 +212,13 @@ def _slots_used(ep, answers, parked=True):
 
 
 def status(c, opts, ep):
-    answers = _admin(c, ep, opts, "/state")
+    answers = admin(c, ep, opts, "/state")
     worst = _each(c, ep, opts, "status", "status", "status", slots=_slots_used(ep, answers))
-    _say(f"== endpoint {ep.name}: parking ==")
+    say(f"== endpoint {ep.name}: parking ==")
     if opts.json:
         write_text(sys.stdout, json.dumps({"endpoint": ep.name, "port": ep.port, "parking": answers}) + "\n")
     for line in park_state_lines(ep, answers):
-        _say(line)
+        say(line)
     if worst:
         raise TaskFailed(worst)
 
@@ -299,7 +234,7 @@ def run_on_each(c, opts, ep, task):
     if task in ("stop", "releases"):
         slots = {m.name: ("a", "b") for m in ep.members}
     else:  # bench: the live slot (a parked one never answers a completion); tail-log: the parked one too
-        slots = _slots_used(ep, _admin(c, ep, opts, "/state"), parked=(task == "tail-log"))
+        slots = _slots_used(ep, admin(c, ep, opts, "/state"), parked=(task == "tail-log"))
     worst = _each(c, ep, opts, module, function, task, router=router, reverse=reverse, slots=slots)
     if worst:
         raise TaskFailed(worst)
@@ -334,8 +269,7 @@ def dispatch(c, name, opts):
     if name in ("sleep", "wake"):
         return park(c, opts, ep, name) or 0
     if name == "rollback":
-        from .swap import rollback
-        return rollback(c, opts, ep) or 0
+        return rollback_members(c, opts, ep) or 0
     return run_on_each(c, opts, ep, name) or 0
 
 

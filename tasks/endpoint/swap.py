@@ -23,6 +23,7 @@ import time
 
 from ..errors import LlmfabError, OperationFailed
 from ..fleet.fanout import HostResult
+from .onhosts import admin, record_checks, run_body, say, with_hosts
 
 DRAIN_TIMEOUT_S = 600  # the longest wait for the old slot's requests in flight to finish
 
@@ -33,9 +34,8 @@ def other(slot):
 
 def router_states(c, ep, opts):
     """{host: the router's /state (a dict per member), or None where no router answers}."""
-    from .commands import _admin
     return {h: (a["body"] if a.get("status") == 200 and isinstance(a.get("body"), dict) else None)
-            for h, a in _admin(c, ep, opts, "/state").items()}
+            for h, a in admin(c, ep, opts, "/state").items()}
 
 
 def can_swap(ep, states):
@@ -49,9 +49,8 @@ def can_swap(ep, states):
 def _admin_all(c, ep, opts, hosts, path):
     """POST `path` to the router's admin service on `hosts`; OperationFailed naming a host that
     did not answer 200."""
-    from .commands import _admin, _with_hosts
-    _with_hosts(c, hosts)
-    answers = _admin(c, ep, opts, path, method="POST")
+    with_hosts(c, hosts)
+    answers = admin(c, ep, opts, path, method="POST")
     bad = {h: a for h, a in answers.items() if a.get("status") != 200}
     if bad:
         raise OperationFailed("; ".join(
@@ -63,8 +62,7 @@ def _admin_all(c, ep, opts, hosts, path):
 
 def _on_hosts(c, profile, opts, hosts, title, op):
     from ..fleet.runner import run_task
-    from .commands import _with_hosts
-    _with_hosts(c, hosts)
+    with_hosts(c, hosts)
     run_task(c, profile, op, opts, title=title, hosts=hosts)
 
 
@@ -113,11 +111,10 @@ def _fits_beside(c, ep, m, opts, hosts):
 
 def _wait_drained(c, ep, opts, hosts, m, slot):
     """Until the router on every host has no request in flight on member m's `slot`."""
-    from .commands import _admin, _with_hosts
     deadline = time.monotonic() + DRAIN_TIMEOUT_S
     while True:
-        _with_hosts(c, hosts)
-        answers = _admin(c, ep, opts, "/state")
+        with_hosts(c, hosts)
+        answers = admin(c, ep, opts, "/state")
         busy = {h: ((a.get("body") or {}).get(m.name) or {}).get("slots", {}).get(slot, {}).get("scur", 0)
                 for h, a in answers.items() if isinstance(a.get("body"), dict)}
         if not any(busy.values()):
@@ -131,9 +128,8 @@ def _wait_drained(c, ep, opts, hosts, m, slot):
 
 def _run(module, function, c, opts, path, hosts):
     import dataclasses
-    from .commands import _run_body, _with_hosts
-    _with_hosts(c, hosts)
-    return _run_body(module, function, c, dataclasses.replace(opts, profile=str(path)))
+    with_hosts(c, hosts)
+    return run_body(module, function, c, dataclasses.replace(opts, profile=str(path)))
 
 
 def _stop_opts(opts):
@@ -146,7 +142,6 @@ def move(c, opts, ep, m, live, hosts, folder, start, why):
     """Traffic for member `m` on `hosts` from slot `live` to the other one, started by
     `start(path, hosts)` unless it already runs (parked): see the module's docstring."""
     from ..profile import load_profile
-    from .commands import _say, record_checks
     from .profile import _need_sleep_mode, slot_profile
     new = other(live)
     new_path, live_path = slot_profile(m, new, folder), slot_profile(m, live, folder)
@@ -162,7 +157,7 @@ def move(c, opts, ep, m, live, hosts, folder, start, why):
                 f"member {m.name}: its new release does not fit beside the old one on {where} ("
                 + "; ".join(w for ok, w in fits.values() if not ok) + ") and the old one cannot be parked ("
                 + e.message + "). Nothing was changed: free GPU memory, or stop the endpoint and deploy it") from None
-    _say(f"== endpoint {ep.name}: member {m.name}: {why} in slot {new} (port {m.slot_port(new)}) on {where}"
+    say(f"== endpoint {ep.name}: member {m.name}: {why} in slot {new} (port {m.slot_port(new)}) on {where}"
          + (", the old one parked meanwhile ==" if park and start is not None else " ==") )
     if park:
         _admin_all(c, ep, opts, hosts, f"/sleep?member={m.name}&hold=1")
@@ -174,18 +169,18 @@ def move(c, opts, ep, m, live, hosts, folder, start, why):
         _admin_all(c, ep, opts, hosts, f"/switch?member={m.name}&to={new}")
     except (LlmfabError, KeyboardInterrupt):
         if park:  # the old one serves again
-            _say(f"member {m.name}: the old release in slot {live} is woken to serve again")
+            say(f"member {m.name}: the old release in slot {live} is woken to serve again")
             try:
                 _admin_all(c, ep, opts, hosts, f"/wake?member={m.name}")
             except LlmfabError as e:
-                _say(f"error: member {m.name}: the old release did not wake: {e.message}")
+                say(f"error: member {m.name}: the old release did not wake: {e.message}")
         raise
-    _say(f"member {m.name}: the router sends it to slot {new} ({time.monotonic() - t0:.2f} s to switch)")
+    say(f"member {m.name}: the router sends it to slot {new} ({time.monotonic() - t0:.2f} s to switch)")
     if park:
-        _say(f"member {m.name}: slot {live} stays parked: `fab rollback` of the endpoint switches back in seconds")
+        say(f"member {m.name}: slot {live} stays parked: `fab rollback` of the endpoint switches back in seconds")
         return
     _wait_drained(c, ep, opts, hosts, m, live)
-    _say(f"member {m.name}: slot {live} drained; stopping it")
+    say(f"member {m.name}: slot {live} drained; stopping it")
     _run("stop", "stop", c, _stop_opts(opts), live_path, hosts)
 
 
@@ -197,7 +192,6 @@ def redeploy(c, opts, ep, states):
     """`fab deploy` of an endpoint whose router runs on every host: each changed member moved
     to its other slot (see the module's docstring); the router keeps running."""
     from ..profile import load_profile
-    from .commands import _say
     from .profile import slot_profile
     folder = tempfile.mkdtemp(prefix=f"llmfab-endpoint-{ep.name}-")
     moved = 0
@@ -209,13 +203,13 @@ def redeploy(c, opts, ep, states):
             live_prof = load_profile(slot_profile(m, live, folder), need_secrets=False)
             now = _live_release(c, opts, live_prof, hosts)
             if all(running and sha == _sha(live_prof.resolved_toml) for _, sha, running in now.values()):
-                _say(f"member {m.name}: unchanged on {', '.join(sorted(hosts))}: serving from slot {live} "
+                say(f"member {m.name}: unchanged on {', '.join(sorted(hosts))}: serving from slot {live} "
                      f"(release {next(iter(now.values()))[0]})")
                 continue
             move(c, opts, ep, m, live, hosts, folder,
                  lambda path, hs: _run("deploy", "deploy", c, opts, path, hs), "new release")
             moved += 1
-    _say(f"== endpoint {ep.name}: {moved} member(s) moved to a new release; the router kept serving ==")
+    say(f"== endpoint {ep.name}: {moved} member(s) moved to a new release; the router kept serving ==")
 
 
 def rollback(c, opts, ep):
@@ -225,7 +219,6 @@ def rollback(c, opts, ep):
     where both fit)."""
     from ..errors import TaskFailed
     from ..options import RollbackOptions
-    from .commands import _say
     from .profile import parked_member, slot_profile
     from ..profile import load_profile
     if opts.release:
@@ -257,7 +250,7 @@ def rollback(c, opts, ep):
                                                        accept_new_host_keys=getattr(opts, "accept_new_host_keys", False))
                     _run("releases", "rollback", c, ropts, path, hs)
             else:
-                _say(f"error: member {m.name}: slot {new} has no release to go back to on "
+                say(f"error: member {m.name}: slot {new} has no release to go back to on "
                      f"{', '.join(sorted(hosts))}")
                 worst = 1
                 continue
@@ -265,7 +258,7 @@ def rollback(c, opts, ep):
                 move(c, opts, ep, m, live, hosts, folder, start,
                      "back to the parked release" if start is None else "back to the previous release")
             except LlmfabError as e:
-                _say(f"error: member {m.name}: {e.message}")
+                say(f"error: member {m.name}: {e.message}")
                 worst = max(worst, int(e.code))
     if worst:
         raise TaskFailed(worst)

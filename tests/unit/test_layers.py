@@ -45,11 +45,7 @@ BACK_UP = {
 }
 
 # Circles that are known, each with why it is still there (the goal: none).
-KNOWN_CIRCLES = {
-    frozenset({"tasks.endpoint.commands", "tasks.endpoint.swap"}):
-        "swap (new, by local imports both ways) uses the commands' _admin and _with_hosts: "
-        "they belong in a module of their own below both",
-}
+KNOWN_CIRCLES = {}
 
 
 def modules():
