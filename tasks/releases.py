@@ -231,12 +231,12 @@ def rollback_host(host, profile, opts, reporter, to=None, spot=None, spots=None)
     # `fab stop` waits for what the GPUs hold now without this server.
     with changing(), raise_launch_failed(prev):
         spot.step = "launching"
-        launched = host.batch([
-            ("gpu_baseline", dict(deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,
+        launched = host.batch({
+            "baseline": ("gpu_baseline", dict(deploy_dir=ddir, release=prev, nvidia_smi=old.gpu.nvidia_smi,
                                   devices=old.devices)),
-            ("relaunch", dict(deploy_dir=ddir, release=prev, python=host_python(old))),
-            ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),  # `fab stop` may end the wait
-        ], timeout=120)[1]
+            "relaunch": ("relaunch", dict(deploy_dir=ddir, release=prev, python=host_python(old))),
+            "waiting": ("lock_phase", dict(deploy_dir=ddir, phase="waiting")),  # `fab stop` may end the wait
+        }, timeout=120)["relaunch"]
         server = launched["server"]
         spot.step, spot.pid = "launched", server["pid"]
     reporter.line(name, f"relaunched release {prev}: pid {server['pid']}, "

@@ -90,7 +90,8 @@ def gather(host, profile, ddir):
     # the GPUs' memory, and who holds it (ours: one of this deployment's processes,
     # base/host/identity.py; else another deployment's or nobody's), in one round trip
     smi = dict(nvidia_smi=profile.gpu.nvidia_smi, devices=profile.devices)
-    gpus, holders = host.batch([("gpus", smi), ("gpu_holders", dict(smi, deploy_dir=ddir))])
+    answers = host.batch({"gpus": ("gpus", smi), "holders": ("gpu_holders", dict(smi, deploy_dir=ddir))})
+    gpus, holders = answers["gpus"], answers["holders"]
     record["gpus"] = [{"index": g["index"], "used_mib": g["used_mib"], "total_mib": g["total_mib"]}
                       for g in (gpus["gpus"] or [])] or None
     held = holders["holders"]

@@ -17,7 +17,8 @@ def stop(c, opts):
 
     def op(host, reporter):
         host.start()
-        took, state = locked(host, ddir, "stop", create=False, then=[("state", {"deploy_dir": ddir})])
+        answers = locked(host, ddir, "stop", create=False, then={"state": ("state", {"deploy_dir": ddir})})
+        took, state = answers["lock"], answers["state"]
         if took.get("absent") and profile.cluster is None:
             reporter.line(host.name, f"not deployed here ({ddir}): nothing to stop")
             return HostResult(host.name, 0, "already stopped",

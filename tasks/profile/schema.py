@@ -9,6 +9,7 @@ import re
 from .types import ENGINES, RESTART_POLICIES, RUNTIMES, Cluster, Gpu, Ready, Server, Supervise, Target
 from .args import read_args, read_env
 from ..base.host.layout import KEEP_RELEASES
+from ..gpu.host.nvsmi import NVIDIA_SMI
 from .serverenv import VLLM_INT_FLAGS, vllm_flag
 from .readers import REQUIRED, no_nul_or_dates
 from .keys import Key, table
@@ -110,7 +111,7 @@ GPU_KEYS = table(
         "kill-gpu-procs)"),
     Key("min_free_mib", "integer >= 0", "0",
         "the preflight fails unless each selected GPU has this many MiB free; 0: no check"),
-    Key("nvidia_smi", "string", '"nvidia-smi"', "nvidia-smi's path or name on the host"),
+    Key("nvidia_smi", "string", '"%s"' % NVIDIA_SMI, "nvidia-smi's path or name on the host"),
 )
 CLUSTER_KEYS = table(
     "cluster",
@@ -313,7 +314,7 @@ def _gpu(ck, g):
     ck.table(g, p, GPU_KEYS)
     return Gpu(devices=ck.get(g, p, "devices", _devices, None),
                min_free_mib=ck.get(g, p, "min_free_mib", lambda c, v, q: c.integer(v, q, lo=0), 0),
-               nvidia_smi=ck.get(g, p, "nvidia_smi", lambda c, v, q: c.string(v, q), "nvidia-smi"))
+               nvidia_smi=ck.get(g, p, "nvidia_smi", lambda c, v, q: c.string(v, q), NVIDIA_SMI))
 
 
 def _devices(ck, v, path):

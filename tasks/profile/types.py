@@ -12,7 +12,8 @@ from typing import Optional, Tuple, Union
 
 from .checktable import CheckCfg
 from .systemd_table import SystemdCfg
-from ..base.host.layout import KEEP_RELEASES
+from ..base.host.layout import KEEP_RELEASES, PYTHON
+from ..gpu.host.nvsmi import NVIDIA_SMI
 from .models import models_request
 from .serverargs import JsonTable, ServerArgs
 from .serverenv import ServerEnv
@@ -79,7 +80,7 @@ class Server:
 
     @property
     def interpreter(self):
-        return self.python or "python3"
+        return self.python or PYTHON
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ class Ready:
 class Gpu:
     devices: Optional[Tuple[int, ...]] = None    # None -> CUDA_VISIBLE_DEVICES, else all: Profile.devices
     min_free_mib: int = 0
-    nvidia_smi: str = "nvidia-smi"               # path or name on the host
+    nvidia_smi: str = NVIDIA_SMI                 # path or name on the host
 
 
 @dataclass(frozen=True)

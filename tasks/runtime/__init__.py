@@ -17,6 +17,8 @@ import importlib
 import json
 from collections import namedtuple
 
+from ..base.host.layout import PYTHON
+
 RuntimeInfo = namedtuple("RuntimeInfo", "client host summary")
 
 RUNTIMES = {
@@ -39,7 +41,7 @@ def host_python(profile):
     """The interpreter on the host that runs llmfab's agent and launch.py. A container's
     server.python is the one inside its image, so the host's own python3 does that work."""
     if profile.server.runtime in CONTAINER_RUNTIMES:
-        return "python3"
+        return PYTHON
     return profile.server.interpreter
 
 

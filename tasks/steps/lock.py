@@ -30,20 +30,20 @@ def take_lock(host, ddir, task, stale_agent=None, create=True, phase=None):
     `absent`: nothing deployed there). `phase`: "waiting" when only readiness is waited for
     (`fab stop` may then end this task, steps/host/flock.py), else changing the host.
     Returns the host's answer ({path, ended_stale_agent, preempted})."""
-    return locked(host, ddir, task, stale_agent=stale_agent, create=create, phase=phase)[0]
+    return locked(host, ddir, task, stale_agent=stale_agent, create=create, phase=phase)["lock"]
 
 
-def locked(host, ddir, task, stale_agent=None, then=(), create=True, phase=None):
-    """take_lock, and in the same round trip the requests `then` ([(op, kwargs)]), run on the
-    host once the lock is held: [the lock's answer, their results...]."""
+def locked(host, ddir, task, stale_agent=None, then=None, create=True, phase=None):
+    """take_lock, and in the same round trip the requests `then` ({name: (op, kwargs)}), run
+    on the host once the lock is held: {"lock": the lock's answer, name: its result...}."""
     lock = ("lock", dict(deploy_dir=ddir, task=task, stale_agent=stale_agent, create=create,
                          phase=phase, **lock_info()))
     try:
         if then:
-            return host.batch([lock, *then])
-        return [host.call(lock[0], **lock[1])]
+            return host.batch(dict(lock=lock, **then))
+        return {"lock": host.call(lock[0], **lock[1])}
     except AgentError as e:
-        if e.kind != "lock_held" or e.data.get("batch_index", 0) != 0:
+        if e.kind != "lock_held" or e.data.get("batch_call", "lock") != "lock":
             raise
         h = e.data.get("holder", {})
         raise LockHeld.naming(h, f"deployment {ddir} is locked by {h.get('user', '?')}@{h.get('from', '?')} "

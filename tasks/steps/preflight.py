@@ -42,7 +42,7 @@ def preflight_request(profile: Profile, state=None):
     deployment is running on the same port: then the port counts as ours, to be freed by the
     stop that precedes the launch, not as taken."""
     s = profile.server
-    req = dict(
+    args = dict(
         engine_request(profile),
         paths=model_paths(profile),
         pulled=pull_fixes(profile),  # [weights]: a missing one's fix is `fab pull`
@@ -58,8 +58,8 @@ def preflight_request(profile: Profile, state=None):
     )
     server = (state or {}).get("server") or {}
     if state and state.get("alive") and server.get("port") == s.port:
-        req["port_owner_pgid"] = server["pgid"]
-    return req
+        args["port_owner_pgid"] = server["pgid"]
+    return args
 
 
 # What vLLM's API key leaves open: its middleware checks the key only on paths under these

@@ -14,7 +14,7 @@ import time
 from ..errors import OperationFailed
 from ..output import processes
 from ..gpu.memory import FREE_TIMEOUT_S, gpu_lines, other_holder_lines, wait_freed, wait_own_freed
-from ..gpu.host.nvsmi import baseline_limits, tolerance, unlisted
+from ..gpu.host.nvsmi import NVIDIA_SMI, baseline_limits, tolerance, unlisted
 from ..base.host.stopping import DEFAULT_GRACE_S
 
 
@@ -57,7 +57,7 @@ def stop_deployment(host, ddir, reporter, grace=DEFAULT_GRACE_S, memory_timeout=
         why = (base or {}).get("error") or "no gpu-baseline.json in the release"
         reporter.line(name, f"GPU memory not checked ({why})")
         return res
-    smi = base.get("nvidia_smi") or "nvidia-smi"
+    smi = base.get("nvidia_smi") or NVIDIA_SMI
     if res.get("held") is None or not res.get("trusted"):
         # nvidia-smi cannot say whose memory it is here (a container sees other pids): the
         # devices back to their pre-launch readings, as the only proof there is

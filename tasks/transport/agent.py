@@ -275,10 +275,12 @@ class Host:
         raise AgentError(resp.get("error", "?"), resp.get("kind", "failed"), resp.get("data"))
 
     def batch(self, calls, timeout=None):
-        """[(op, kwargs)] in one request (the agent's op `batch`): their results, in order.
-        They run one after the other on the host and the first failure ends the batch:
-        its AgentError is raised as that call's own, and nothing after it ran."""
-        return self.call("batch", calls=[dict(kw, op=op) for op, kw in calls], timeout=timeout)
+        """{name: (op, kwargs)} in one request (the agent's op `batch`): {name: its result}.
+        They run one after the other on the host, in the order given, and the first failure
+        ends the batch: its AgentError is raised as that call's own (its data's `batch_call`
+        names it), and nothing after it ran."""
+        return self.call("batch", calls={name: dict(kw, op=op) for name, (op, kw) in calls.items()},
+                         timeout=timeout)
 
     def stream(self, argv):
         """A second command on this host, fed bytes from here (tasks/transport/stream.py):

@@ -29,12 +29,12 @@ class SloPlan:
         window holds the load for a while (the last requests of a closed loop run with fewer
         at a time)."""
         n = max(self.requests, 2 * int(load))
-        req = {"requests": n, "max_tokens": workload.max_tokens, "sampling": dict(workload.sampling)}
+        window = {"requests": n, "max_tokens": workload.max_tokens, "sampling": dict(workload.sampling)}
         if self.kind == "rate":
-            req.update(concurrency=n, request_rate=float(load), seed=0)
+            window.update(concurrency=n, request_rate=float(load), seed=0)
         else:
-            req["concurrency"] = int(load)
-        return req
+            window["concurrency"] = int(load)
+        return window
 
 
 def measure_point(bench, plan, workload, load, say):

@@ -18,10 +18,11 @@ def survey_op(profile, ddir):
 
     def op(host):
         host.start()
-        facts, state = host.batch([
+        answers = host.batch({
             # the engine check of deploy's preflight: the server's interpreter and [server.env]
-            ("host_facts", dict(engine_request(profile), nvidia_smi=profile.gpu.nvidia_smi)),
-            ("state", {"deploy_dir": ddir})])
+            "facts": ("host_facts", dict(engine_request(profile), nvidia_smi=profile.gpu.nvidia_smi)),
+            "state": ("state", {"deploy_dir": ddir})})
+        facts, state = answers["facts"], answers["state"]
         server = state.get("server") or {}
         running = server.get("release") if state.get("alive") else None
         return HostResult(host.name, 0, facts["engine"], {"facts": facts, "running": running})

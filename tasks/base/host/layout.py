@@ -86,6 +86,7 @@ def releases_sorted(ddir):
 
 
 KEEP_RELEASES = 5  # releases a host keeps after a deploy ([target] keep_releases' default)
+PYTHON = "python3"  # the host's interpreter where the profile names none (server.python)
 
 
 FAILED_FILE = "start-failed.json"

@@ -80,13 +80,13 @@ def checks(findings):
     return out
 
 
-def run(req):
+def run(doctor):
     """(facts, findings) for the `doctor` section of a request; ({}, []) without one."""
-    if not req or not req.get("method"):
+    if not doctor or not doctor.get("method"):
         return {}, []
-    version = req["version"] if "version" in req else engine_version(req.get("engine"))
-    facts = spec_facts.facts(req, version)
-    return facts, evaluate(facts, req.get("accept") or ())
+    version = doctor["version"] if "version" in doctor else engine_version(doctor.get("engine"))
+    facts = spec_facts.facts(doctor, version)
+    return facts, evaluate(facts, doctor.get("accept") or ())
 
 
 def summary(doctor, facts=None):

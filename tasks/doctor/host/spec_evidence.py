@@ -135,27 +135,27 @@ def generation_config(doctor):
     return {"file": path, "values": {k: cfg[k] for k in SAMPLING_KEYS if k in cfg}}
 
 
-def op_spec_evidence(req):
+def op_spec_evidence(deploy_dir, release=None, doctor=None, scan=False, log_offset=None):
     """The doctor's view of a release, in one request: the version and config findings
     (spec_check.summary, over the facts the preflight kept in the release: spec_facts.kept)
     and the start-up log's evidence: scanned now and stored (`scan`: true, deploy at ready),
     else read from spec-evidence.json (status, bench)."""
-    rdir = os.path.join(expand(req["deploy_dir"]), "releases", req["release"]) if req.get("release") else None
-    facts, out = spec_check.summary(req.get("doctor"), spec_facts.kept(rdir) if rdir else None)
+    rdir = os.path.join(expand(deploy_dir), "releases", release) if release else None
+    facts, out = spec_check.summary(doctor, spec_facts.kept(rdir) if rdir else None)
     out["evidence"] = None
-    out["generation_config"] = generation_config(req.get("doctor") or {})
+    out["generation_config"] = generation_config(doctor or {})
     if not facts or rdir is None:
         return out
     path = os.path.join(rdir, EVIDENCE_FILE)
-    if not req.get("scan"):
+    if not scan:
         try:
             with open(path) as f:
                 out["evidence"] = json.load(f)
             return out
         except (OSError, ValueError):
             pass  # never scanned (deployed with --no-wait, or by an older llmfab): scan now
-    head = head_of(startlog.of(os.path.join(rdir, "server.log"), req.get("log_offset")))
-    ev = evidence(facts, "", (req.get("doctor") or {}).get("accept") or (), seen=head.seen)
+    head = head_of(startlog.of(os.path.join(rdir, "server.log"), log_offset))
+    ev = evidence(facts, "", (doctor or {}).get("accept") or (), seen=head.seen)
     if ev["aux_layers"] is not None or ev["runner"] is not None or ev["mtp_line"]:
         write_json(path, ev)
     out["evidence"] = ev

@@ -1,6 +1,6 @@
 """The facts the doctor's rules are conditions over, read on the host.
 
-`facts(req, version)` takes the `doctor` section of a request (built by tasks/doctor/host_request.py
+`facts(doctor, version)` takes the `doctor` section of a request (built by tasks/doctor/host_request.py
 from the profile: method, drafter and target directories, draft length, the runner env,
 prefix caching, each with the profile key it came from) and the engine version, reads the
 drafter's and the target's config.json, and returns a flat dict: plain values the rules
@@ -120,20 +120,20 @@ def _against_target(f, target):
                      f["mask_token_id_key"], mask, vkey, vocab, f["target_config"]))
 
 
-def facts(req, version):
+def facts(doctor, version):
     """The flat fact dict for one deployment (see the module docstring)."""
-    method = req.get("method")
-    f = {"engine": req.get("engine"), "version": version, "method": method,
-         "method_key": req.get("method_key") or "the speculative method",
-         "draft_key": req.get("draft_key") or "the draft model"}
-    k = req.get("k") or {}
+    method = doctor.get("method")
+    f = {"engine": doctor.get("engine"), "version": version, "method": method,
+         "method_key": doctor.get("method_key") or "the speculative method",
+         "draft_key": doctor.get("draft_key") or "the draft model"}
+    k = doctor.get("k") or {}
     if k.get("value") is not None:
         f.update(k=k["value"], k_key=k.get("key"), k_over=k.get("over", 0))
-    pc = req.get("prefix_caching") or {}
+    pc = doctor.get("prefix_caching") or {}
     f["prefix_caching"] = pc.get("value") is not False
     f["prefix_caching_why"] = ("%s = true" % pc["key"]) if pc.get("value") else \
         "the default; enable-prefix-caching is not set"
-    draft, target = req.get("draft"), req.get("target")
+    draft, target = doctor.get("draft"), doctor.get("target")
     draft_data = target_data = None
     if target and os.path.isdir(target):
         target_data, _ = read_config(target)
@@ -148,7 +148,7 @@ def facts(req, version):
             _drafter(f, draft_data, method)
             if target_data is not None:
                 _against_target(f, target_data)
-    _runner(f, req.get("v2_env"), version)
+    _runner(f, doctor.get("v2_env"), version)
     return f
 
 

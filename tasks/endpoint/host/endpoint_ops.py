@@ -8,7 +8,10 @@ import struct
 import urllib.error
 import urllib.request
 
-from ...gpu.host.nvsmi import query_gpus
+from ...gpu.host.nvsmi import NVIDIA_SMI, query_gpus
+
+ADMIN_TIMEOUT_S = 180  # a park or wake moves a model's weights: it can take minutes
+HTTP_TIMEOUT_S = 120   # one completion or sleep of a member
 
 
 def safetensors_bytes(model_dir):
@@ -34,20 +37,19 @@ def safetensors_bytes(model_dir):
     return total
 
 
-def op_endpoint_facts(req):
-    gpus, err = query_gpus(req.get("nvidia_smi") or "nvidia-smi")
+def op_endpoint_facts(nvidia_smi=NVIDIA_SMI, models=()):
+    gpus, err = query_gpus(nvidia_smi)
     return {"gpus": gpus, "gpu_error": err,
-            "weights": {m: safetensors_bytes(m) for m in req.get("models") or []}}
+            "weights": {m: safetensors_bytes(m) for m in models or []}}
 
 
-def op_endpoint_admin(req):
+def op_endpoint_admin(port, path, method="GET"):
     """One call to the router's loopback admin service: {status, body} (body parsed JSON), or
     {status: None, error} when nothing answers there (the router is not running)."""
-    url = "http://127.0.0.1:%d%s" % (int(req["port"]), req["path"])
-    r = urllib.request.Request(url, data=b"" if req.get("method") == "POST" else None,
-                               method=req.get("method", "GET"))
+    url = "http://127.0.0.1:%d%s" % (int(port), path)
+    r = urllib.request.Request(url, data=b"" if method == "POST" else None, method=method)
     try:
-        with urllib.request.urlopen(r, timeout=float(req.get("timeout", 180))) as resp:
+        with urllib.request.urlopen(r, timeout=ADMIN_TIMEOUT_S) as resp:
             status, text = resp.status, resp.read()
     except urllib.error.HTTPError as e:
         status, text = e.code, e.read()
@@ -60,21 +62,20 @@ def op_endpoint_admin(req):
     return {"status": status, "body": body}
 
 
-def op_endpoint_http(req):
+def op_endpoint_http(port, path, host_addr=None, method="GET", body=None):
     """One HTTP request to a member on this host: {status, text, seconds} or {status: None, error}.
     `body` (a string) is sent as JSON; a POST with no body sends an empty one."""
     import time
-    addr = req.get("host_addr") or "127.0.0.1"
+    addr = host_addr or "127.0.0.1"
     if addr in ("0.0.0.0", "::", ""):
         addr = "127.0.0.1"
-    url = "http://%s:%d%s" % (addr if ":" not in addr else "[%s]" % addr, int(req["port"]), req["path"])
-    body = req.get("body")
-    data = body.encode() if isinstance(body, str) else (b"" if req.get("method") == "POST" else None)
-    r = urllib.request.Request(url, data=data, method=req.get("method", "GET"),
+    url = "http://%s:%d%s" % (addr if ":" not in addr else "[%s]" % addr, int(port), path)
+    data = body.encode() if isinstance(body, str) else (b"" if method == "POST" else None)
+    r = urllib.request.Request(url, data=data, method=method,
                                headers={"content-type": "application/json"})
     t0 = time.monotonic()
     try:
-        with urllib.request.urlopen(r, timeout=float(req.get("timeout", 120))) as resp:
+        with urllib.request.urlopen(r, timeout=HTTP_TIMEOUT_S) as resp:
             status, text = resp.status, resp.read()
     except urllib.error.HTTPError as e:
         status, text = e.code, e.read()

@@ -26,7 +26,8 @@ def parse(text, pids):
     return found
 
 
-def op_kernel_oom(req):
+def op_kernel_oom(pids=()):
+    """The kernel's last OOM-killer line (dmesg) naming one of `pids` (any, none given)."""
     try:
         proc = subprocess.run(["dmesg"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, timeout=5)
@@ -34,5 +35,5 @@ def op_kernel_oom(req):
         return {"line": None, "error": "dmesg: %s" % (error_words(e) if isinstance(e, OSError) else "timed out")}
     if proc.returncode != 0:
         return {"line": None, "error": proc.stderr.decode("utf-8", "replace").strip()[-300:]}
-    return {"line": parse(proc.stdout.decode("utf-8", "replace"), req.get("pids") or ()), "error": None}
+    return {"line": parse(proc.stdout.decode("utf-8", "replace"), pids or ()), "error": None}
 

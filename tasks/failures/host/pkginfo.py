@@ -12,13 +12,13 @@ from ...base.host.hostenv import site_packages
 TORCH_REQ = re.compile(r"torch\s*(?:\(([^)]*)\)|([<>=!~][^;]*))?\s*(?:;|$)")
 
 
-def op_packages(req):
-    """{name: {version, torch} or None} for each of req["names"] and for torch itself;
+def op_packages(names=()):
+    """{name: {version, torch} or None} for each of `names` and for torch itself;
     `torch` is the package's requirement on torch ("==2.13.0"), None when it states none."""
     site_packages()
     import importlib.metadata as md
     out = {}
-    for name in list(req.get("names") or ()) + ["torch"]:
+    for name in list(names or ()) + ["torch"]:
         try:
             dist = md.distribution(name)
         except md.PackageNotFoundError:

@@ -57,8 +57,8 @@ ray.shutdown()
 # A server port in this range can be taken by a worker before the server binds it.
 RAY_WORKER_PORTS = (10002, 19999)
 
-def _dir(req):
-    return os.path.join(expand(req["deploy_dir"]), "ray")
+def _dir(deploy_dir):
+    return os.path.join(expand(deploy_dir), "ray")
 
 
 def marked(rdir):
@@ -88,10 +88,10 @@ def route_ip(toward):
         s.close()
 
 
-def op_ray_address(req):
+def op_ray_address(head_address=None):
     """The head's node address: `head_address` resolved here, else the address the SSH
     client reached this host at (SSH_CONNECTION), else the one on the default route."""
-    given = req.get("head_address")
+    given = head_address
     if given:
         try:
             return {"ip": socket.getaddrinfo(given, None, proto=socket.IPPROTO_TCP)[0][4][0]}
@@ -106,37 +106,41 @@ def op_ray_address(req):
         return {"ip": socket.gethostbyname(socket.gethostname())}
 
 
-def _count_gpus(req):
+def _count_gpus(num_gpus, nvidia_smi):
     """Ray's --num-gpus: the caller's count, else nvidia-smi's, else None (Ray detects)."""
-    if req.get("num_gpus") is not None:
-        return int(req["num_gpus"])
-    gpus = nvsmi.read_gpus(req.get("nvidia_smi") or "nvidia-smi")
+    if num_gpus is not None:
+        return int(num_gpus)
+    gpus = nvsmi.read_gpus(nvidia_smi)
     return None if gpus is None else len(gpus)
 
 
-def op_ray_start(req):
-    """Start this node (role head|worker) detached and wait for `Ray runtime started`."""
+def op_ray_start(deploy_dir, role, port, address=None, node_ip=None, env=None, num_gpus=None,
+                 nvidia_smi=nvsmi.NVIDIA_SMI, wait=120):
+    """Start this node (`role` head, on `port`, or worker, joining the head at `address`)
+    detached with `env` added to its environment, and wait up to `wait` s for `Ray runtime
+    started`. `node_ip`: its address (else the one routing to `address`)."""
     site_packages()
     import importlib.util
     if importlib.util.find_spec("ray") is None:
         raise HostError("Ray is not installed for %s on this host: install it there (pip install "
                         "ray, the same version on every node)" % sys.executable, kind="no_ray")
     from importlib import metadata
-    rdir = _dir(req)
+    rdir = _dir(deploy_dir)
     os.makedirs(rdir, mode=0o700, exist_ok=True)
     if ours(rdir, read_json(os.path.join(rdir, "ray.json"))):
         raise HostError("Ray of this deployment is already running here: stop it first")
-    role, port = req["role"], int(req["port"])
-    node_ip = req.get("node_ip") or route_ip(req["address"].rsplit(":", 1)[0].strip("[]"))
+    port = int(port)
+    node_ip = node_ip or route_ip(address.rsplit(":", 1)[0].strip("[]"))
+    added = env
     env = dict(os.environ)
     env.update(DEFAULT_ENV)
-    env.update(req.get("env") or {})
+    env.update(added or {})
     env.update({"VLLM_HOST_IP": node_ip, MARKER: rdir})
-    num_gpus = _count_gpus(req)
+    num_gpus = _count_gpus(num_gpus, nvidia_smi)
     argv = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block",
             "--node-ip-address", node_ip, "--disable-usage-stats"]
     argv += ["--head", "--port", str(port), "--include-dashboard", "false"] if role == "head" \
-        else ["--address", req["address"]]
+        else ["--address", address]
     argv += ["--num-gpus", str(num_gpus)] if num_gpus is not None else []
     log_path = os.path.join(rdir, "ray.log")
     now = utc_iso()
@@ -146,10 +150,10 @@ def op_ray_start(req):
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=env, cwd=rdir, start_new_session=True)
     record = {"pid": proc.pid, "pgid": proc.pid, "role": role, "node_ip": node_ip,
-              "address": req.get("address") or "%s:%d" % (node_ip, port), "num_gpus": num_gpus,
+              "address": address or "%s:%d" % (node_ip, port), "num_gpus": num_gpus,
               "started_at": now, "argv": argv, "log": log_path}
     write_json(os.path.join(rdir, "ray.json"), record)
-    t0, deadline = time.monotonic(), time.monotonic() + float(req.get("wait", 120))
+    t0, deadline = time.monotonic(), time.monotonic() + float(wait)
     while True:
         with open(log_path, "rb") as f:
             f.seek(offset)
@@ -193,10 +197,10 @@ def _stop(rdir, record, grace):
             "survivors": sorted(targets), "seconds": round(time.monotonic() - t0, 3)}
 
 
-def op_ray_stop(req):
-    rdir = _dir(req)
+def op_ray_stop(deploy_dir, grace=DEFAULT_GRACE_S):
+    rdir = _dir(deploy_dir)
     record = read_json(os.path.join(rdir, "ray.json"))
-    out = _stop(rdir, record, float(req.get("grace", DEFAULT_GRACE_S)))
+    out = _stop(rdir, record, float(grace))
     if record and record.get("role") == "head":
         # Ray's pointer for `ray.init(address="auto")`; stale once the head is gone.
         path = os.path.join("/tmp/ray", "ray_current_cluster")
@@ -210,18 +214,18 @@ def op_ray_stop(req):
     return out
 
 
-def op_ray_cluster(req):
-    """The cluster as the head's GCS sees it: {running, nodes:[{ip, alive, gpus, head}]}."""
-    rdir = _dir(req)
+def op_ray_cluster(deploy_dir, address=None, nodes=0, gpus=0, wait=0):
+    """The cluster as the head's GCS sees it: {running, nodes:[{ip, alive, gpus, head}]}, waiting
+    up to `wait` s for `nodes` nodes with `gpus` GPUs; `address` (else ray.json's): the head's."""
+    rdir = _dir(deploy_dir)
     record = read_json(os.path.join(rdir, "ray.json"))
     if not record or not pid_alive(record["pid"]):
         return {"running": False, "nodes": [], "record": record}
-    address = req.get("address") or record["address"]
-    argv = [sys.executable, "-c", PROBE, address, str(req.get("nodes", 0)),
-            str(req.get("gpus", 0)), str(req.get("wait", 0))]
+    address = address or record["address"]
+    argv = [sys.executable, "-c", PROBE, address, str(nodes), str(gpus), str(wait)]
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=float(req.get("wait", 0)) + 90)
+                              timeout=float(wait) + 90)
     except subprocess.TimeoutExpired:
         raise HostError("the Ray cluster at %s did not answer" % address, kind="ray_failed")
     try:

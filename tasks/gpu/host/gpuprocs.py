@@ -135,7 +135,7 @@ def _trusted(gpus, apps_local, foreign, smi_error):
     return {g["index"] for g in gpus} - bad
 
 
-def survey(nvidia_smi="nvidia-smi", devices=None, proc_root=PROC, me=None):
+def survey(nvidia_smi=nvsmi.NVIDIA_SMI, devices=None, proc_root=PROC, me=None):
     """Every process using the selected GPUs, merged from both sources; see the module doc.
 
     Each process: {pid, start, user, command, comm, source, gpus: [{index, used_mib}],
@@ -198,13 +198,13 @@ def _note(foreign, procs):
                                          else "no process here holds a GPU device node"))
 
 
-def op_gpu_procs(req):
+def op_gpu_procs(nvidia_smi=nvsmi.NVIDIA_SMI, devices=None, deploy_dir=None, neighbours=False):
     """survey(), each process marked with whose it is when `deploy_dir` (the profile's
     deployment) is given: `owner` {deployment, release, ours, live}; a live server of another
     deployment is `spared` unless `neighbours` (kill-gpu-procs --all)."""
-    found = survey(req.get("nvidia_smi") or "nvidia-smi", req.get("devices"))
-    if req.get("deploy_dir"):
-        mark_owners(found["procs"], req["deploy_dir"], spare_neighbours=not req.get("neighbours"))
+    found = survey(nvidia_smi, devices)
+    if deploy_dir:
+        mark_owners(found["procs"], deploy_dir, spare_neighbours=not neighbours)
     return found
 
 
@@ -236,7 +236,7 @@ def _name(p):
     return first if p["comm"] and first.startswith(p["comm"]) else (p["comm"] or first)
 
 
-def holders(ddir, nvidia_smi="nvidia-smi", devices=None, proc_root=PROC, survey_result=None):
+def holders(ddir, nvidia_smi=nvsmi.NVIDIA_SMI, devices=None, proc_root=PROC, survey_result=None):
     """Who holds memory on the selected GPUs: [{pid, name, gpu, mib, ours, deployment,
     release, how}], one per process and GPU. `ours`: the process is deployment `ddir`'s
     (tasks/base/host/identity.py: its cgroup, session or marker); `deployment` names the
@@ -260,10 +260,9 @@ def holders(ddir, nvidia_smi="nvidia-smi", devices=None, proc_root=PROC, survey_
     return out
 
 
-def op_gpu_holders(req):
+def op_gpu_holders(deploy_dir, nvidia_smi=nvsmi.NVIDIA_SMI, devices=None):
     """holders(), the selected GPUs' readings, and whether nvidia-smi's process list accounts
     for their users here (`trusted`: false in a container that sees other pids)."""
-    smi = req.get("nvidia_smi") or "nvidia-smi"
-    found = survey(smi, req.get("devices"))
-    return {"holders": holders(req["deploy_dir"], smi, req.get("devices"), survey_result=found),
+    found = survey(nvidia_smi, devices)
+    return {"holders": holders(deploy_dir, nvidia_smi, devices, survey_result=found),
             "gpus": found["gpus"], "trusted": not found["foreign"] and not found["error"]}

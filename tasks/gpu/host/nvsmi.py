@@ -16,13 +16,14 @@ from ...base.host.statefiles import expand, write_json
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
 APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")
 RUN_TIMEOUT_S = 20  # nvidia-smi can hang for seconds on a wedged driver; never forever
+NVIDIA_SMI = "nvidia-smi"  # its path or name where the profile gives none ([gpu] nvidia_smi)
 
 
-def gpu_query(nvidia_smi="nvidia-smi"):
+def gpu_query(nvidia_smi=NVIDIA_SMI):
     return [nvidia_smi, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader,nounits"]
 
 
-def app_query(nvidia_smi="nvidia-smi"):
+def app_query(nvidia_smi=NVIDIA_SMI):
     return [nvidia_smi, "--query-compute-apps=" + ",".join(APP_FIELDS), "--format=csv,noheader,nounits"]
 
 
@@ -97,7 +98,7 @@ def _run(argv):
     return proc.stdout.decode("utf-8", "replace"), None
 
 
-def available(nvidia_smi="nvidia-smi"):
+def available(nvidia_smi=NVIDIA_SMI):
     return which(nvidia_smi) is not None
 
 
@@ -105,7 +106,7 @@ def available(nvidia_smi="nvidia-smi"):
 _LAST = {}
 
 
-def query_gpus(nvidia_smi="nvidia-smi"):
+def query_gpus(nvidia_smi=NVIDIA_SMI):
     """(gpus, None) or (None, why nvidia-smi cannot be read here)."""
     if not available(nvidia_smi):
         result = None, "%s not found on PATH" % nvidia_smi
@@ -116,7 +117,7 @@ def query_gpus(nvidia_smi="nvidia-smi"):
     return result
 
 
-def read_gpus(nvidia_smi="nvidia-smi"):
+def read_gpus(nvidia_smi=NVIDIA_SMI):
     """[{index, uuid, name, used_mib, total_mib, util_pct}] or None when there is no nvidia-smi."""
     return query_gpus(nvidia_smi)[0]
 
@@ -124,7 +125,7 @@ def read_gpus(nvidia_smi="nvidia-smi"):
 _LAST_APPS = {}  # the agent's latest process list per nvidia-smi path: (time.monotonic(), apps)
 
 
-def query_apps(nvidia_smi="nvidia-smi", gpus=()):
+def query_apps(nvidia_smi=NVIDIA_SMI, gpus=()):
     """(apps, None) or ([], why the process list could not be read)."""
     text, err = _run(app_query(nvidia_smi))
     apps = parse_apps(text or "", gpus)
@@ -193,32 +194,31 @@ def gpus_over(nvidia_smi, limits):
     return [(i, used[i]) for i in sorted(limits) if used[i] > limits[i]]
 
 
-def op_gpus(req):
-    return {"gpus": select(read_gpus(req.get("nvidia_smi") or "nvidia-smi"), req.get("devices"))}
+def op_gpus(nvidia_smi=NVIDIA_SMI, devices=None):
+    return {"gpus": select(read_gpus(nvidia_smi), devices)}
 
 
-def op_gpu_baseline(req):
+def op_gpu_baseline(deploy_dir, release, nvidia_smi=NVIDIA_SMI, devices=None, reuse_s=None):
     """Record every GPU's used memory in <release>/gpu-baseline.json just before a launch.
 
     `fab stop` later waits until the deployment's devices are back to these readings.
     `reuse_s`: a reading this agent took at most that many seconds ago is used instead of
     running nvidia-smi again (deploy passes it when nothing was stopped since preflight).
     """
-    nvidia_smi = req.get("nvidia_smi") or "nvidia-smi"
     last = _LAST.get(nvidia_smi)
-    reused = bool(req.get("reuse_s") and last and time.monotonic() - last[0] <= req["reuse_s"])
+    reused = bool(reuse_s and last and time.monotonic() - last[0] <= reuse_s)
     if reused:
         gpus, err = last[1], last[2]
     else:
         gpus, err = query_gpus(nvidia_smi)
-    record = {"taken_at": time.time(), "nvidia_smi": nvidia_smi, "devices": req.get("devices"),
+    record = {"taken_at": time.time(), "nvidia_smi": nvidia_smi, "devices": devices,
               "gpus": gpus, "error": err}
     if gpus is not None:  # per GPU, what no listed process accounts for (the supervisor's wait)
         seen = _LAST_APPS.get(nvidia_smi)
         apps = seen[1] if reused and seen and seen[1] is not None and seen[0] >= last[0] - 1.0 \
             else query_apps(nvidia_smi, gpus)[0]
         record["unlisted"] = {str(k): v for k, v in unlisted(gpus, apps).items()}
-    path = os.path.join(expand(req["deploy_dir"]), "releases", req["release"], "gpu-baseline.json")
+    path = os.path.join(expand(deploy_dir), "releases", release, "gpu-baseline.json")
     write_json(path, record, 0o600)
     return record
 

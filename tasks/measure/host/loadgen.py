@@ -73,12 +73,11 @@ def snapshot(host, port, engine):
     return out
 
 
-def op_metrics(req):
+def op_metrics(port, host="127.0.0.1", engine="vllm", interval=0):
     """{samples: [snapshot, ...]}: one, or two `interval` seconds apart (for a rate)."""
-    host, port = probe_host(req.get("host", "127.0.0.1")), req["port"]
-    engine = req.get("engine", "vllm")
+    host = probe_host(host)
     samples = [snapshot(host, port, engine)]
-    interval = float(req.get("interval") or 0)
+    interval = float(interval or 0)
     if interval > 0 and samples[0]["text"] is not None:
         time.sleep(interval)
         samples.append(snapshot(host, port, engine))
@@ -232,27 +231,29 @@ def open_loop(n, rate, seed, send):
     return threads
 
 
-def op_bench(req):
-    """Warm up once, then run the measured window; returns raw samples and both snapshots."""
-    host, port = probe_host(req.get("host", "127.0.0.1")), req["port"]
-    engine = req.get("engine", "vllm")
+def op_bench(port, requests, concurrency, max_tokens, host="127.0.0.1", engine="vllm", model=None,
+             models_path=None, api_key=None, prompts=None, random_input_len=None, model_dir=None, seed=0,
+             sampling=None, request_rate=0, request_timeout=600):
+    """Warm up once, then run the measured window of `requests` at `concurrency` (closed loop)
+    or arriving at `request_rate` a second (open loop, `seed`); each of `prompts`, or random
+    ones of `random_input_len` tokens of `model_dir`'s tokenizer. Returns raw samples and
+    both /metrics snapshots."""
+    host = probe_host(host)
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    if req.get("api_key"):
-        headers["Authorization"] = "Bearer " + req["api_key"]
-    n, conc, max_tokens = int(req["requests"]), int(req["concurrency"]), int(req["max_tokens"])
-    timeout = float(req.get("request_timeout") or 600)
-    model = req.get("model") or _first_model(host, port, req.get("models_path"), headers)
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    n, conc, max_tokens = int(requests), int(concurrency), int(max_tokens)
+    timeout = float(request_timeout or 600)
+    model = model or _first_model(host, port, models_path, headers)
     if not model:
         raise HostError("no served model name: the server's /v1/models lists none",
                         kind="no_model")
     base = "http://%s:%d" % (host, port)
-    prompts = req.get("prompts")
-    if req.get("random_input_len"):
-        prompts = random_prompts(req.get("model_dir"), n + 1, int(req["random_input_len"]),
-                                 int(req.get("seed") or 0))
+    if random_input_len:
+        prompts = random_prompts(model_dir, n + 1, int(random_input_len), int(seed or 0))
 
     def run(i):
-        path, body = _request_for(prompts[i % len(prompts)], model, max_tokens, req.get("sampling"))
+        path, body = _request_for(prompts[i % len(prompts)], model, max_tokens, sampling)
         return one_request(base + path, body, headers, timeout)
 
     warm = run(0)
@@ -271,10 +272,10 @@ def op_bench(req):
                 return
             samples[i] = run(i + 1)
 
-    rate = float(req.get("request_rate") or 0)
+    rate = float(request_rate or 0)
     t0 = time.monotonic()
     if rate > 0:
-        threads = open_loop(n, rate, int(req.get("seed") or 0), lambda i: samples.__setitem__(i, run(i + 1)))
+        threads = open_loop(n, rate, int(seed or 0), lambda i: samples.__setitem__(i, run(i + 1)))
     else:
         threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, n))]
         for t in threads:
@@ -287,7 +288,7 @@ def op_bench(req):
             "before": before, "after": after}
 
 
-def op_smoke(req):
+def op_smoke(port, host="127.0.0.1", model=None, models_path=None, api_key=None, request_timeout=120):
     """One 1-token completion (rolling deploys' --smoke): the served model really generates.
 
     Not streamed: the answer's usage says how many tokens came back. Raises HostError
@@ -295,18 +296,18 @@ def op_smoke(req):
     import http.client  # here, not at the top: see probe.http_get
     import urllib.error
     import urllib.request
-    host, port = probe_host(req.get("host", "127.0.0.1")), req["port"]
+    host = probe_host(host)
     headers = {"Content-Type": "application/json"}
-    if req.get("api_key"):
-        headers["Authorization"] = "Bearer " + req["api_key"]
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
     body = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
-    body["model"] = req.get("model") or _first_model(host, port, req.get("models_path"), headers)
+    body["model"] = model or _first_model(host, port, models_path, headers)
     url = "http://%s:%d/v1/completions" % (host, port)
     t0 = time.monotonic()
     try:
         r = urllib.request.urlopen(urllib.request.Request(url, data=json.dumps(body).encode(),
                                                           headers=headers, method="POST"),
-                                   timeout=float(req.get("request_timeout") or 120))
+                                   timeout=float(request_timeout or 120))
         with r:
             answer = json.loads(r.read(1 << 20))
         choice = answer["choices"][0]

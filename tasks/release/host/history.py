@@ -36,9 +36,9 @@ def _size(path):
         return None
 
 
-def op_release_list(req):
+def op_release_list(deploy_dir):
     """Every release, oldest first: stamp, profile sha256, log size, exit record, running?"""
-    ddir = expand(req["deploy_dir"])
+    ddir = expand(deploy_dir)
     current = current_release(ddir)
     server = read_json(os.path.join(ddir, "server.json")) or {}
     alive = server_alive(ddir, server)
@@ -62,10 +62,10 @@ def op_release_list(req):
     return {"deploy_dir": ddir, "current": current, "releases": out}
 
 
-def op_release_profile(req):
+def op_release_profile(deploy_dir, release):
     """The release's saved profile.toml (secrets redacted at deploy) as text, or None."""
-    ddir = expand(req["deploy_dir"])
-    release, log = resolve(ddir, req["release"])
+    ddir = expand(deploy_dir)
+    release, log = resolve(ddir, release)
     path = os.path.join(os.path.dirname(log), "profile.toml")
     try:
         with open(path, "rb") as f:
@@ -75,24 +75,24 @@ def op_release_profile(req):
     return {"release": release, "profile_toml": text}
 
 
-def op_prune(req):
+def op_prune(deploy_dir, keep):
     """Keep the newest `keep` releases; never the current one or the one before it."""
-    ddir = expand(req["deploy_dir"])
-    keep = int(req["keep"])
+    ddir = expand(deploy_dir)
+    keep = int(keep)
     if keep < 1:
         raise HostError("keep must be at least 1", kind="usage")
     return {"pruned": release_dirs.prune(ddir, keep)}
 
 
-def op_relaunch(req):
+def op_relaunch(deploy_dir, release, python=launch.PYTHON):
     """Run an existing release's launch.py again and point `current` at it; never prunes.
 
     Refuses while this deployment's server still runs (stop it first). A previous
     exit.json is kept as exit.prev.json so the new run's end is recorded afresh (and the
     stop record of the last run, stopped.json, as stopped.prev.json).
     """
-    ddir = expand(req["deploy_dir"])
-    release, log = resolve(ddir, req["release"])
+    ddir = expand(deploy_dir)
+    release, log = resolve(ddir, release)
     rdir = os.path.dirname(log)
     server = read_json(os.path.join(ddir, "server.json")) or {}
     if server_alive(ddir, server):
@@ -105,8 +105,7 @@ def op_relaunch(req):
         if os.path.exists(os.path.join(rdir, name)):
             os.replace(os.path.join(rdir, name), os.path.join(rdir, name.replace(".json", ".prev.json")))
     offset = _size(log) or 0  # this run's lines start here: the log is appended to
-    out = launch.op_launch({"deploy_dir": ddir, "release": release,
-                              "python": req.get("python"), "keep": 1 << 30})
+    out = launch.op_launch(ddir, release, python=python, keep=1 << 30)
     out["log_offset"] = offset
     return out
 

@@ -13,7 +13,7 @@ import subprocess
 
 from ...base.host.hosterrors import HostError, exit_words
 from ...base.host.statefiles import expand
-from ...base.host.layout import FAILED_FILE, KEEP_RELEASES, point_current
+from ...base.host.layout import FAILED_FILE, KEEP_RELEASES, PYTHON, point_current
 from .release_dirs import prune
 from ...base.host.statefiles import utc_iso, write_json
 from ...runtime.host import runtimes
@@ -68,16 +68,16 @@ def failed(rpath, rule, cause, fix, line=None, **data):
     return HostError(cause, kind="launch_failed", rule=rule, fix=fix, line=line, **data)
 
 
-def op_launch(req):
-    """Run the release's launch.py (no shell), point `current` at it, prune old releases."""
-    ddir = expand(req["deploy_dir"])
-    release = req["release"]
+def op_launch(deploy_dir, release, python=PYTHON, keep=KEEP_RELEASES):
+    """Run the release's launch.py (no shell) with `python`, point `current` at it, and
+    keep the newest `keep` releases."""
+    ddir = expand(deploy_dir)
     rpath = os.path.join(ddir, "releases", release)
     launcher = os.path.join(rpath, "launch.py")
     if not os.path.isfile(launcher):
         raise HostError("%s is missing" % launcher)
     point_current(ddir, release)
-    python = req.get("python") or "python3"
+    python = python or PYTHON
     fix = LAUNCHER_FIX.format(python=python, launcher=launcher)
     runtime, spec = runtimes.for_release(rpath)
     if runtime is not None:  # a systemd unit or a container runs it (tasks/runtime/host/)
@@ -86,7 +86,7 @@ def op_launch(req):
         except HostError as e:
             raise failed(rpath, e.data.get("rule") or "runtime-failed", str(e), e.data.get("fix") or fix,
                          line=e.data.get("line")) from None
-        return {"server": record, "pruned": prune(ddir, int(req.get("keep", KEEP_RELEASES)))}
+        return {"server": record, "pruned": prune(ddir, int(keep))}
     try:
         code, out, err = run_launcher(python, launcher)
     except HostError as e:  # the interpreter cannot run, or launch.py hangs
@@ -102,7 +102,7 @@ def op_launch(req):
         rule, cause, fix = exec_failure(record)
         raise failed(rpath, rule, cause, fix, line=record["error"],
                      errno=errno.errorcode.get(record.get("errno")))
-    removed = prune(ddir, int(req.get("keep", KEEP_RELEASES)))
+    removed = prune(ddir, int(keep))
     return {"server": record, "pruned": removed}
 
 

@@ -15,19 +15,19 @@ from ...base.host.statefiles import expand, remove_tree, utc_iso, write_json
 STAMP_FORMAT = "%Y%m%dT%H%M%SZ"
 
 
-def op_new_release(req):
+def op_new_release(deploy_dir, files=()):
     """Create releases/<UTC stamp>[-N] (0700) and return its absolute path.
 
     `files` ([[name, mode, base64 data]]): written into it in the same request (deploy's
     launch.py, argv.json, profile.toml...; a name may hold folders, as the supervisor's
     llmfab_host/<capability>/host/*.py do); if one cannot be, the new release is removed again and nothing is
     left half-written."""
-    files = req.get("files") or []
+    files = files or []
     for name, _mode, _data in files:
         parts = name.split("/") if isinstance(name, str) else ()
         if not parts or any(p in ("", ".", "..") for p in parts):
             raise HostError("not a file name for a release: %r" % (name,), kind="internal")
-    out = _new_release_dir(req)
+    out = _new_release_dir(deploy_dir)
     if files:
         from binascii import a2b_base64  # what base64.b64decode calls, without its module
         from ...transport.host.files import write_file
@@ -42,8 +42,8 @@ def op_new_release(req):
     return out
 
 
-def _new_release_dir(req):
-    ddir = expand(req["deploy_dir"])
+def _new_release_dir(deploy_dir):
+    ddir = expand(deploy_dir)
     rdir = os.path.join(ddir, "releases")
     os.makedirs(rdir, mode=0o700, exist_ok=True)
     stamp = time.strftime(STAMP_FORMAT, time.gmtime())
@@ -59,11 +59,11 @@ def _new_release_dir(req):
     raise HostError("could not allocate a release directory under %s" % rdir)
 
 
-def op_discard_release(req):
+def op_discard_release(deploy_dir, release):
     """Remove a release that never launched (e.g. the push failed). Never the current one."""
-    ddir = expand(req["deploy_dir"])
-    path = os.path.join(ddir, "releases", req["release"])
-    if current_release(ddir) != req["release"] and os.path.isdir(path) \
+    ddir = expand(deploy_dir)
+    path = os.path.join(ddir, "releases", release)
+    if current_release(ddir) != release and os.path.isdir(path) \
             and not os.path.exists(os.path.join(path, "server.log")):
         remove_tree(path)
     return {}
@@ -91,14 +91,13 @@ def prune(ddir, keep):
     return removed
 
 
-def op_mark_failed(req):
+def op_mark_failed(deploy_dir, release, rule=None, cause=None, fix=None, line=None):
     """Record in the release that it failed to start (`rule`, `cause`, when), so `fab rollback`
     never picks it as the release to go back to. Its files and log stay as they are."""
-    path = os.path.join(expand(req["deploy_dir"]), "releases", req["release"])
+    path = os.path.join(expand(deploy_dir), "releases", release)
     if not os.path.isdir(path):
-        raise HostError("no release %s in %s" % (req["release"], req["deploy_dir"]), kind="no_release")
-    record = {"failed_at": utc_iso(), "rule": req.get("rule"), "cause": req.get("cause"),
-              "fix": req.get("fix"), "line": req.get("line")}
+        raise HostError("no release %s in %s" % (release, deploy_dir), kind="no_release")
+    record = {"failed_at": utc_iso(), "rule": rule, "cause": cause, "fix": fix, "line": line}
     write_json(os.path.join(path, FAILED_FILE), record)
     return {}
 

@@ -386,9 +386,9 @@ def engine_probe(spec, engine, python, env):
 
 # -- the runtime contract (tasks/runtime/host/runtimes.py) ---------------------------------
 
-def check(req):
+def check(runtime_spec):
     """The preflight's runtime records for runtime_spec (tasks/runtime/container.py preflight)."""
-    return _check(req.get("runtime_spec") or {})
+    return _check(runtime_spec)
 
 
 def launch(ddir, rpath, spec, python):

@@ -6,10 +6,10 @@ unit's or container's name. The launch, stop, state and process paths ask `for_r
 `for_server` once and, for "process" (None), do what they always did.
 
 Each module here offers (ddir: the deployment directory; server: server.json's record):
-- check(req) -> [finding]: the runtime is present and works (systemd is PID 1 and answers;
-  the container engine answers, its version, GPU access); finding = the preflight's record
-  {"check": "runtime", "status": "OK"|"WARN"|"FAIL", "message", "fix" (optional)}; req is
-  the preflight request, with "runtime" and "runtime_spec" (the client's preflight(profile)).
+- check(runtime_spec) -> [finding]: the runtime is present and works (systemd is PID 1 and
+  answers; the container engine answers, its version, GPU access); finding = the preflight's
+  record {"check": "runtime", "status": "OK"|"WARN"|"FAIL", "message", "fix" (optional)};
+  runtime_spec is the preflight request's (the client's preflight(profile)).
 - launch(ddir, rpath, spec, python) -> the server record written to server.json (with
   "runtime", "pid", "pgid", "release", "port", "started_at" and "unit" or "container").
 - stop(ddir, server, grace, by) -> procs.stop's answer (terminated, killed, survivors, seconds).

@@ -36,7 +36,7 @@ from ...base.host.hosterrors import HostError
 from ...base.host.layout import mark_stopped
 from ...base.host.procfs import cmdline, pid_alive
 from ...base.host.statefiles import read_json, utc_iso, write_atomically, write_json
-from ...gpu.host.nvsmi import baseline_limits, gpus_over
+from ...gpu.host.nvsmi import NVIDIA_SMI, baseline_limits, gpus_over
 from .runtimes import server_alive
 
 SYSTEM_UNIT_DIR = "/etc/systemd/system"
@@ -158,8 +158,9 @@ def show(unit):
 
 # -- the host contract (tasks/runtime/host/runtimes.py) ---------------------------------------
 
-def check(req):
-    """systemd is PID 1, answers, and is new enough for the unit llmfab writes."""
+def check(runtime_spec):
+    """systemd is PID 1, answers, and is new enough for the unit llmfab writes (and, with
+    runtime_spec's `enable`, starts at boot)."""
     def rec(status, message, fix=None):
         return {"check": "runtime", "status": status, "message": message + ("; fix: %s" % fix if fix else ""),
                 "fix": fix}
@@ -189,7 +190,7 @@ def check(req):
     where = "the user's manager (%s)" % unit_dir() if _user_mode() else "the system manager"
     out = [rec("OK" if state in ("running", "degraded", "starting", "initializing") else "WARN",
                "systemd %d is PID 1 (%s), units in %s" % (number, state, where))]
-    if _user_mode() and (req.get("runtime_spec") or {}).get("enable"):
+    if _user_mode() and runtime_spec.get("enable"):
         user = os.environ.get("USER") or str(os.geteuid())
         if not os.path.exists("/var/lib/systemd/linger/%s" % user):
             out.append(rec("WARN", "[systemd] enable = true, but %s has no lingering user manager: the "
@@ -375,7 +376,7 @@ def _wait_gpu(here):
     after a crash must not start while the dead server's memory is still held)."""
     baseline = read_json(os.path.join(here, "gpu-baseline.json")) or {}
     spec = read_json(os.path.join(here, "runtime.json")) or {}
-    limits, smi = baseline_limits(baseline), baseline.get("nvidia_smi") or "nvidia-smi"
+    limits, smi = baseline_limits(baseline), baseline.get("nvidia_smi") or NVIDIA_SMI
     if not limits:
         return 0
     timeout = float(spec.get("memory_timeout") or 120)

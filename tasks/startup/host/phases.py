@@ -412,30 +412,30 @@ def previous(ddir, release, profile_sha, engine_version, prefer=ANY):
     return found[0] if found else None
 
 
-def _release_dir(req):
-    ddir = expand(req["deploy_dir"])
-    return ddir, os.path.join(ddir, "releases", req["release"])
+def _release_dir(deploy_dir, release):
+    ddir = expand(deploy_dir)
+    return ddir, os.path.join(ddir, "releases", release)
 
 
-def op_startup_last(req):
+def op_startup_last(deploy_dir, release, engine_version=None, cache_dir=None):
     """Before a launch: the previous start of this profile and engine version (or None),
-    and whether the engine's cache directory is warm now. Never fails (it runs in the
-    deploy's batch before the launch, which a failure would stop): unreadable is None."""
+    and whether the engine's cache directory (`cache_dir`, relative to the deployment) is
+    warm now. Never fails (it runs in the deploy's batch before the launch, which a failure
+    would stop): unreadable is None."""
     try:
-        return _startup_last(req)
+        return _startup_last(deploy_dir, release, engine_version, cache_dir)
     except Exception as e:  # noqa: BLE001 - an estimate is not worth a failed deploy
         return {"previous": None, "expect_cache": None, "error": str(e)}
 
 
-def _startup_last(req):
-    ddir, rdir = _release_dir(req)
-    expect = cache_state(req.get("cache_dir") and os.path.join(ddir, req["cache_dir"]))
+def _startup_last(deploy_dir, release, engine_version, cache_dir):
+    ddir, rdir = _release_dir(deploy_dir, release)
+    expect = cache_state(cache_dir and os.path.join(ddir, cache_dir))
     sha = _sha256(os.path.join(rdir, "profile.toml"))
-    return {"previous": previous(ddir, req["release"], sha, req.get("engine_version"),
-                                 prefer=expect), "expect_cache": expect}
+    return {"previous": previous(ddir, release, sha, engine_version, prefer=expect), "expect_cache": expect}
 
 
-def engine_version(rdir, version):
+def version_of(rdir, version):
     """`version`, else (a relaunch, rollback: the client does not know it) the one the
     release's first start recorded."""
     if version is None:
@@ -449,32 +449,35 @@ def parser_of(log, engine, version, launched_at):
     return log.consumer(("phases", engine, version), lambda: Parser(engine, launched_at(), version))
 
 
-def op_startup(req):
+def op_startup(deploy_dir, release, pid, engine="command", engine_version=None, ready_at=None,
+               ready_s=None, launched_at=None, log_offset=None, cache_before=None):
     """Once ready: the release's start-up phases from its server.log (from log_offset; what the
     watch read of it already parsed), kept as startup.json; with the previous start of the same
-    profile and engine version."""
-    ddir, rdir = _release_dir(req)
-    ready_at = float(req.get("ready_at") or time.time())
-    engine = req.get("engine") or "command"
-    version = engine_version(rdir, req.get("engine_version"))
+    profile and engine version. `launched_at` (else the process's start, else ready_at -
+    ready_s) begins the first phase."""
+    ddir, rdir = _release_dir(deploy_dir, release)
+    ready_at = float(ready_at or time.time())
+    engine = engine or "command"
+    version = version_of(rdir, engine_version)
+    given = launched_at
 
-    def launched_at():
-        at = req.get("launched_at") or process_started(req["pid"])
-        return ready_at - float(req.get("ready_s") or 0.0) if at is None else at
+    def started():
+        at = given or process_started(pid)
+        return ready_at - float(ready_s or 0.0) if at is None else at
 
     if engine == "command":
-        parser = Parser(engine, launched_at(), version)
+        parser = Parser(engine, started(), version)
     else:
-        log = startlog.of(os.path.join(rdir, "server.log"), req.get("log_offset"))
-        parser = parser_of(log, engine, version, launched_at)
+        log = startlog.of(os.path.join(rdir, "server.log"), log_offset)
+        parser = parser_of(log, engine, version, started)
         log.read_to(None, limit=max(0, SCAN_BYTES - (log.offset - log.start)))
     launched = parser.launched_at
-    rec = {"release": req["release"], "engine": engine, "engine_version": version,
+    rec = {"release": release, "engine": engine, "engine_version": version,
            "profile_sha256": _sha256(os.path.join(rdir, "profile.toml")),
            "launched_at": round(launched, 3), "ready_at": round(ready_at, 3),
            "ready_s": round(ready_at - launched, 2),
            "phases": phases(parser, ready_at) if engine != "command" else [],
-           "compile_cache": compile_cache(parser.cache, req.get("cache_before"))}
+           "compile_cache": compile_cache(parser.cache, cache_before)}
     write_json(os.path.join(rdir, STARTUP_FILE), rec)
-    prev = previous(ddir, req["release"], rec["profile_sha256"], rec["engine_version"])
+    prev = previous(ddir, release, rec["profile_sha256"], rec["engine_version"])
     return {"startup": rec, "previous": prev}

@@ -16,17 +16,22 @@ from ...base.host.hosterrors import HostError
 from ...base.host.hostenv import CONTEXT
 from ...base.host.statefiles import expand, not_writable, utc_iso
 
+PREEMPTING = ("stop", "kill-gpu-procs")
+PREEMPT_WAIT_S = 120.0  # a holder changing the host (a stop's grace, a launch) is waited for
 
-def op_lock(req):
+
+def op_lock(deploy_dir, task=None, user=None, client=None, stale_agent=None, create=True, phase=None,
+            preempt_wait=PREEMPT_WAIT_S):
     """Take the deployment's lock (flock: dies with this agent) or report its holder.
 
     `create` False (a task that only acts on what is there: stop, rollback, releases --keep):
     a deployment directory that does not exist is not made, and the answer says `absent`
-    (there is nothing to lock, nor to act on)."""
-    ddir = expand(req["deploy_dir"])
+    (there is nothing to lock, nor to act on). `user`@`client` and `task` name the holder
+    to whoever finds the lock taken; `phase` (None: "changing") what it does now."""
+    ddir = expand(deploy_dir)
     path = os.path.join(ddir, ".lock")
     try:
-        if req.get("create", True):
+        if create:
             os.makedirs(ddir, mode=0o700, exist_ok=True)
         elif not os.path.isdir(ddir):
             return {"path": None, "absent": True}
@@ -43,30 +48,26 @@ def op_lock(req):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         holder = _holder(fd)
-        ended = _end_stale_agent(fd, holder, req.get("stale_agent"))
-        if ended is None and req.get("task") in PREEMPTING:
-            ended = _preempt(fd, float(req.get("preempt_wait", PREEMPT_WAIT_S)))
+        ended = _end_stale_agent(fd, holder, stale_agent)
+        if ended is None and task in PREEMPTING:
+            ended = _preempt(fd, float(preempt_wait))
             preempted = holder if ended else None
         if ended is None:
             os.close(fd)
             raise HostError("locked", kind="lock_held", holder=holder)
     info = {
-        "user": req.get("user") or "?",
-        "from": req.get("client") or "?",
+        "user": user or "?",
+        "from": client or "?",
         "host": os.uname().nodename,  # what socket.gethostname() says, without importing socket
         "pid": os.getpid(),
-        "task": req.get("task") or "?",
-        "phase": req.get("phase") or "changing",
+        "task": task or "?",
+        "phase": phase or "changing",
         "since": utc_iso(),
     }
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(info).encode(), 0)
     locks[path] = fd
     return {"path": path, "ended_stale_agent": ended, "preempted": preempted}
-
-
-PREEMPTING = ("stop", "kill-gpu-procs")
-PREEMPT_WAIT_S = 120.0  # a holder changing the host (a stop's grace, a launch) is waited for
 
 
 def _preempt(fd, wait_s):
@@ -91,10 +92,10 @@ def _preempt(fd, wait_s):
         time.sleep(0.05)
 
 
-def op_lock_phase(req):
+def op_lock_phase(deploy_dir, phase=None):
     """The lock holder (this agent) says what it does now: "waiting" (for readiness: a
     `fab stop` may end it) or "changing" the host."""
-    path = os.path.join(expand(req["deploy_dir"]), ".lock")
+    path = os.path.join(expand(deploy_dir), ".lock")
     fd = CONTEXT.setdefault("locks", {}).get(path)
     if fd is None:
         return {"held": False}
@@ -102,7 +103,7 @@ def op_lock_phase(req):
     # only a deploy or rollback may be ended by a stop; a sweep (`fab tune`) holds the lock
     # across many deploys and puts its hosts back itself
     if isinstance(info, dict) and info.get("task") in ("deploy", "rollback"):
-        info["phase"] = req.get("phase") or "changing"
+        info["phase"] = phase or "changing"
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
     return {"held": True}
@@ -141,8 +142,8 @@ def _end_stale_agent(fd, holder, stale_pid):
             time.sleep(0.05)
 
 
-def op_unlock(req):
-    path = os.path.join(expand(req["deploy_dir"]), ".lock")
+def op_unlock(deploy_dir):
+    path = os.path.join(expand(deploy_dir), ".lock")
     fd = CONTEXT.setdefault("locks", {}).pop(path, None)
     if fd is not None:
         os.ftruncate(fd, 0)

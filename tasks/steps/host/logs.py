@@ -96,22 +96,22 @@ def _matcher(pattern):
     return lambda line: rx.search(line.decode("utf-8", "replace")) is not None
 
 
-def op_log_tail(req):
+def op_log_tail(deploy_dir, release=None, lines=50, grep=None):
     """Last `lines` complete lines (optionally only those matching `grep`) and the offsets.
 
     Returns {release, path, exists, size, end, data (b64), partial (b64), clipped}: `end`
     is the offset just past the last complete line (where a follower starts); `partial`
     the bytes after it (a line still being written), shown by a plain tail only.
     """
-    ddir = expand(req["deploy_dir"])
-    release, path = resolve(ddir, req.get("release"))
+    ddir = expand(deploy_dir)
+    release, path = resolve(ddir, release)
     out = {"release": release, "path": path, "exists": False, "size": 0, "end": 0,
            "data": "", "partial": "", "clipped": False, "current": current_release(ddir)}
     try:
         f = open(path, "rb")
     except FileNotFoundError:
         return out
-    match = _matcher(req.get("grep"))
+    match = _matcher(grep)
     with f:
         size = os.fstat(f.fileno()).st_size
         end = line_end(f, size)
@@ -120,7 +120,7 @@ def op_log_tail(req):
         if partial and match is not None and not match(partial):
             partial = b""
         data, clipped = (b"", False)
-        n = int(req.get("lines", 50))
+        n = int(lines)
         if n > 0:
             data, clipped = last_lines(f, end, n, match)
     out.update(exists=True, size=size, end=end, data=_b64(data), partial=_b64(partial),
@@ -128,18 +128,18 @@ def op_log_tail(req):
     return out
 
 
-def op_log_read(req):
+def op_log_read(deploy_dir, release, offset=0, max_bytes=READ_MAX_BYTES, wait=0):
     """Bytes of the release's log from `offset`, waiting up to `wait` s for some to appear.
 
     Returns {data (b64), offset (just past data), size, exists, truncated, current}.
     `truncated`: the file is shorter than `offset` (someone truncated it); reading
     starts over at 0. The wait lets a follower ask again at once without busy polling.
     """
-    ddir = expand(req["deploy_dir"])
-    release, path = resolve(ddir, req["release"])
-    offset = int(req.get("offset", 0))
-    limit = min(int(req.get("max_bytes", READ_MAX_BYTES)), READ_MAX_BYTES)
-    deadline = time.monotonic() + min(float(req.get("wait", 0)), WAIT_MAX_S)
+    ddir = expand(deploy_dir)
+    release, path = resolve(ddir, release)
+    offset = int(offset)
+    limit = min(int(max_bytes), READ_MAX_BYTES)
+    deadline = time.monotonic() + min(float(wait), WAIT_MAX_S)
     while True:
         try:
             size = os.path.getsize(path)

@@ -239,41 +239,45 @@ def check_gpus(nvidia_smi, devices, min_free, ask=None, held=()):
     return out
 
 
-def _container_spec(req):
+def _container_spec(runtime, runtime_spec):
     """The container a request's engine check looks in (its runtime_spec), or None."""
-    return req.get("runtime_spec") if req.get("runtime") in container.ENGINES else None
+    return runtime_spec if runtime in container.ENGINES else None
 
 
-def run(req):
-    """The preflight's answer: {checks, spec_facts}: the doctor's facts of a speculative
-    deployment (tasks/doctor/host/spec_facts.py), which deploy keeps in its release as
-    spec-facts.json for the ready line, status and bench to read; else None."""
-    runtime = runtimes.for_server({"runtime": req.get("runtime")})
+def op_preflight(engine, port, python=None, env=None, argv0=None, runtime=None, runtime_spec=None,
+                 paths=(), pulled=None, models=None, doctor=None, host=None, port_owner_pgid=None,
+                 deploy_dir=None, nvidia_smi=nvsmi.NVIDIA_SMI, devices=None, min_free_mib=0, ask=None):
+    """The host's checks before a launch: the engine as `python` runs it in `env` (or in the
+    container of `runtime_spec`), the model `paths`, `models`' files, the speculative method of
+    `doctor`, the port, the disk and the GPUs (`ask`: MiB each needs). The answer is {checks,
+    spec_facts}: the doctor's facts of a speculative deployment (tasks/doctor/host/spec_facts.py),
+    which deploy keeps in its release as spec-facts.json for the ready line, status and bench to
+    read; else None."""
+    found_runtime = runtimes.for_server({"runtime": runtime})
     # systemd or a container engine present and working (tasks/runtime/host/)
-    found = runtime.check(req) if runtime is not None else []
-    spec = _container_spec(req)
+    found = found_runtime.check(runtime_spec or {}) if found_runtime is not None else []
+    spec = _container_spec(runtime, runtime_spec)
     if spec and any(r["status"] == "FAIL" for r in found):  # a container that cannot run
-        engine = _rec("engine", "WARN", "not looked for: the container cannot run (see above)")
+        engine_check = _rec("engine", "WARN", "not looked for: the container cannot run (see above)")
     else:  # in a container, its image's interpreter is asked (container.engine_probe)
-        engine = check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"), spec)
-    checks = [check_python()] + (found + [engine] if spec else [engine] + found)
-    checks += check_paths(req.get("paths", []), req.get("pulled"))
-    checks += modelcheck.run(req.get("models"))
+        engine_check = check_engine(engine, argv0, python, env, spec)
+    checks = [check_python()] + (found + [engine_check] if spec else [engine_check] + found)
+    checks += check_paths(paths or [], pulled)
+    checks += modelcheck.run(models)
     facts = None
-    if (req.get("doctor") or {}).get("method"):  # rules of doctor/host/spec_rules.py (a speculative method)
+    if (doctor or {}).get("method"):  # rules of doctor/host/spec_rules.py (a speculative method)
         from ...doctor.host import spec_check
         # the engine version as the server's environment has it (the check above)
-        doctor = dict(req["doctor"], version=(engine.get("engine") or {}).get("version"))
+        doctor = dict(doctor, version=(engine_check.get("engine") or {}).get("version"))
         facts, found = spec_check.run(doctor)
         checks += spec_check.checks(found)
-    checks.append(check_port(req.get("host") or "0.0.0.0", req["port"], req.get("port_owner_pgid")))
-    if req.get("deploy_dir"):
-        checks.append(check_disk(req["deploy_dir"]))
-    smi = req.get("nvidia_smi") or "nvidia-smi"
-    held = gpu_holders(req.get("deploy_dir"), smi, req.get("devices"))
-    checks += check_gpus(smi, req.get("devices"), req.get("min_free_mib", 0), req.get("ask"), held)
-    if req.get("deploy_dir"):
-        checks += check_orphans(req["deploy_dir"], held)
+    checks.append(check_port(host or "0.0.0.0", port, port_owner_pgid))
+    if deploy_dir:
+        checks.append(check_disk(deploy_dir))
+    held = gpu_holders(deploy_dir, nvidia_smi, devices)
+    checks += check_gpus(nvidia_smi, devices, min_free_mib, ask, held)
+    if deploy_dir:
+        checks += check_orphans(deploy_dir, held)
         checks += check_neighbours(held)
     return {"checks": checks, "spec_facts": facts}
 
@@ -309,15 +313,11 @@ def check_neighbours(held):
                  % (gpu, name, rel, mib)) for (gpu, name, rel), mib in sorted(seen.items())]
 
 
-def op_preflight(req):
-    return run(req)
-
-
-def op_host_facts(req):
+def op_host_facts(engine, python=None, env=None, argv0=None, runtime=None, runtime_spec=None,
+                  nvidia_smi=nvsmi.NVIDIA_SMI):
     """What makes two hosts alike for a sweep (`fab tune`): the engine and its version (as
     the preflight reads it), and the GPUs' names (None: no nvidia-smi)."""
-    gpus = nvsmi.read_gpus(req.get("nvidia_smi") or "nvidia-smi")
-    spec = _container_spec(req)
-    return {"engine": check_engine(req["engine"], req.get("argv0"), req.get("python"), req.get("env"),
-                                   spec)["message"],
+    gpus = nvsmi.read_gpus(nvidia_smi)
+    spec = _container_spec(runtime, runtime_spec)
+    return {"engine": check_engine(engine, argv0, python, env, spec)["message"],
             "gpus": None if gpus is None else [g["name"] for g in gpus]}

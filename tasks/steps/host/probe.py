@@ -213,24 +213,24 @@ def port_in_use(host, port):
     return "a process not visible from here (another PID namespace or user)"
 
 
-def op_poll(req):
-    """One wait tick: process alive, new log lines, /health, /v1/models, GPU memory."""
-    ddir = expand(req["deploy_dir"])
-    release = req["release"]
+def op_poll(deploy_dir, release, pid, port, host="127.0.0.1", log_offset=0, health_path="/health",
+            models_path=None, api_key=None, listeners=False, nvidia_smi=None, devices=None):
+    """One wait tick: process alive, new log lines, /health, /v1/models (`models_path`), where
+    it listens (`listeners`), GPU memory (`nvidia_smi`)."""
+    ddir = expand(deploy_dir)
     rdir = os.path.join(ddir, "releases", release)
-    pid = req["pid"]
     out = {"alive": pid_alive(pid), "exit": read_exit(rdir, pid)}
-    out["log"] = read_log(os.path.join(rdir, "server.log"), req.get("log_offset", 0))
-    host = probe_host(req.get("host", "127.0.0.1"))
+    out["log"] = read_log(os.path.join(rdir, "server.log"), log_offset)
+    host = probe_host(host)
     out["health"] = out["models"] = None
     if out["alive"]:
-        status, body = http_get(req["port"], req.get("health_path") or "/health", host)
+        status, body = http_get(port, health_path, host)
         out["health"] = status if status is not None else body.decode("utf-8", "replace")
-        if status == 200 and req.get("models_path"):
-            out["models"] = served_models(req["port"], req["models_path"], host, req.get("api_key"))
-        if req.get("listeners"):  # where it really listens (status's exposure warning)
-            out["listening"] = tree_listeners(pid, req["port"])
-    if req.get("nvidia_smi"):
-        out["gpus"] = nvsmi.select(nvsmi.read_gpus(req["nvidia_smi"]), req.get("devices"))
+        if status == 200 and models_path:
+            out["models"] = served_models(port, models_path, host, api_key)
+        if listeners:  # where it really listens (status's exposure warning)
+            out["listening"] = tree_listeners(pid, port)
+    if nvidia_smi:
+        out["gpus"] = nvsmi.select(nvsmi.read_gpus(nvidia_smi), devices)
     return out
 

@@ -97,12 +97,14 @@ def baseline(ddir, server):
     return read_json(os.path.join(ddir, "releases", server["release"], "gpu-baseline.json"))
 
 
-def op_stop(req):
-    ddir = expand(req["deploy_dir"])
+def op_stop(deploy_dir, grace=DEFAULT_GRACE_S, by="fab stop", nvidia_smi=None, devices=None):
+    """Stop the deployment (its runtime's stop, or TERM its group, the grace, KILL, and sweep
+    marked stragglers); `nvidia_smi` given: the GPUs' readings after it, in `gpus`."""
+    ddir = expand(deploy_dir)
     server = read_json(os.path.join(ddir, "server.json"))
     runtime = runtimes.for_server(server)  # a systemd unit or a container (tasks/runtime/host/)
     if runtime is not None:
-        return _stop_runtime(runtime, ddir, server, req)
+        return _stop_runtime(runtime, ddir, server, float(grace), by, nvidia_smi, devices)
     # The supervisor first: once it says "off" it restarts nothing, not even from a backoff.
     supervised = supervisor_state.end(ddir, server)
     base = baseline(ddir, server)
@@ -110,14 +112,14 @@ def op_stop(req):
     if base and base.get("gpus") and ours(ddir, (server or {}).get("pgid"))[0]:
         # what this deployment's own processes hold, per GPU, before they go: the stop is
         # over when they hold nothing, whatever another deployment on the GPU does meanwhile
-        smi, devices = base.get("nvidia_smi") or "nvidia-smi", base.get("devices")
+        smi, devices = base.get("nvidia_smi") or nvsmi.NVIDIA_SMI, base.get("devices")
         found = gpuprocs.survey(smi, devices)
         before = found["gpus"]  # for the "8123 -> 3 MiB" lines
         every = gpuprocs.holders(ddir, smi, devices, survey_result=found)
         held = [h for h in every if h["ours"]]
         others = [h for h in every if not h["ours"]]
         trusted = not found["foreign"] and not found["error"]
-    out = stop(ddir, float(req.get("grace", DEFAULT_GRACE_S)), req.get("by", "fab stop"))
+    out = stop(ddir, float(grace), by)
     identity.empty_cgroups(ddir)
     out["supervisor_was"] = supervised
     out["baseline"] = base
@@ -125,22 +127,22 @@ def op_stop(req):
     out["held"] = held
     out["held_others"] = others
     out["trusted"] = trusted
-    if req.get("nvidia_smi"):
-        out["gpus"] = nvsmi.select(nvsmi.read_gpus(req["nvidia_smi"]), req.get("devices"))
+    if nvidia_smi:
+        out["gpus"] = nvsmi.select(nvsmi.read_gpus(nvidia_smi), devices)
     return out
 
 
-def _stop_runtime(runtime, ddir, server, req):
+def _stop_runtime(runtime, ddir, server, grace, by, nvidia_smi, devices):
     """op_stop for a server its runtime runs: the runtime stops it (systemctl stop, podman stop)
     with the grace, and the answer carries the same GPU readings as a process's stop."""
     base = baseline(ddir, server)
     before = None
     if base and base.get("gpus") and runtime.pids(ddir, server):
-        before = nvsmi.read_gpus(base.get("nvidia_smi") or "nvidia-smi")
-    out = runtime.stop(ddir, server, float(req.get("grace", DEFAULT_GRACE_S)), req.get("by", "fab stop"))
+        before = nvsmi.read_gpus(base.get("nvidia_smi") or nvsmi.NVIDIA_SMI)
+    out = runtime.stop(ddir, server, grace, by)
     out.update(supervisor_was=None, baseline=base, gpus_before=before)
-    if req.get("nvidia_smi"):
-        out["gpus"] = nvsmi.select(nvsmi.read_gpus(req["nvidia_smi"]), req.get("devices"))
+    if nvidia_smi:
+        out["gpus"] = nvsmi.select(nvsmi.read_gpus(nvidia_smi), devices)
     return out
 
 
@@ -216,5 +218,5 @@ def kill(targets, grace, by="fab kill-gpu-procs"):
             "seconds": round(time.monotonic() - t0, 3)}
 
 
-def op_kill_procs(req):
-    return kill(req["targets"], float(req.get("grace", KILL_GPU_GRACE_S)))
+def op_kill_procs(targets, grace=KILL_GPU_GRACE_S):
+    return kill(targets, float(grace))

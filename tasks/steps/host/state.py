@@ -22,9 +22,9 @@ def last_failed(ddir, current):
     return None
 
 
-def op_state(req):
+def op_state(deploy_dir):
     """server.json, whether its process group is alive, and how the server ended if it did."""
-    ddir = expand(req["deploy_dir"])
+    ddir = expand(deploy_dir)
     server = read_json(os.path.join(ddir, "server.json"))
     current = current_release(ddir)
     out = {"deploy_dir": ddir, "exists": os.path.isdir(ddir), "server": server,

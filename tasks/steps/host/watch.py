@@ -71,12 +71,12 @@ def accepts(addr, timeout=0.5):
         s.close()
 
 
-def _hints(req):
+def _hints(hints):
     """Compiled hint patterns, or None: then any new line answers (no hints sent, or one
     that this Python cannot compile, e.g. syntax newer than the host's 3.9)."""
-    if req.get("hints") is None:
+    if hints is None:
         return None
-    key = tuple(tuple(h) for h in req["hints"])
+    key = tuple(tuple(h) for h in hints)
     cache = CONTEXT.setdefault("watch_hints", {})
     if key not in cache:
         try:
@@ -96,15 +96,14 @@ def hinted(hints, lines):
     return any(h.search(line) for line in lines for h in hints)
 
 
-def _gpus(req):
+def _gpus(smi, devices, gpu_every_s):
     """The deployment's GPUs: read at most every gpu_every_s, else the last reading."""
-    smi = req.get("nvidia_smi")
     if not smi:
         return None
     last = CONTEXT.get("watch_gpus")
     now = time.monotonic()
-    if last is None or last[0] != smi or now - last[1] >= float(req.get("gpu_every_s") or 0):
-        last = (smi, now, nvsmi.select(nvsmi.read_gpus(smi), req.get("devices")))
+    if last is None or last[0] != smi or now - last[1] >= float(gpu_every_s or 0):
+        last = (smi, now, nvsmi.select(nvsmi.read_gpus(smi), devices))
         CONTEXT["watch_gpus"] = last
     return last[2]
 
@@ -119,36 +118,38 @@ class _Hints:
         self.seen = self.seen or hinted(self.hints, lines)
 
 
-def start_log(rdir, req):
+def start_log(rdir, pid, log_offset, start_offset, engine, engine_version):
     """The agent's StartLog of this start (from `start_offset`) at the request's `log_offset`,
     feeding the start-up phases' Parser and, for vLLM, the speculative-decoding evidence: what
     the ops at ready (`startup`, `spec_evidence`) answer from without reading the log again."""
     path = os.path.join(rdir, "server.log")
-    offset = int(req.get("log_offset") or 0)
-    start = int(req.get("start_offset", offset) or 0)
+    offset = int(log_offset or 0)
+    start = int(offset if start_offset is None else start_offset or 0)
     log = startlog.of(path, start)
     if log.offset != offset:  # not where the client is (a watch answer it never got): anew
         startlog.forget(path, start)
         log = startlog.of(path, start)
-    engine, version = req.get("engine"), phases.engine_version(rdir, req.get("engine_version"))
+    version = phases.version_of(rdir, engine_version)
     if engine and engine != "command":
-        phases.parser_of(log, engine, version, lambda: phases.process_started(req["pid"]) or time.time())
+        phases.parser_of(log, engine, version, lambda: phases.process_started(pid) or time.time())
         if engine == "vllm":
             log.consumer("spec_evidence", spec_evidence.Head)
     log.read_to(offset)
     return log
 
 
-def op_watch(req):
+def op_watch(deploy_dir, release, pid, port, host="127.0.0.1", log_offset=0, wait_s=0, seen=None,
+             hints=None, health_path="/health", models_path=None, api_key=None, port_check=False,
+             nvidia_smi=None, devices=None, gpu_every_s=0, engine=None, engine_version=None,
+             start_offset=None):
     t0 = time.monotonic()
-    deadline = t0 + min(max(float(req.get("wait_s") or 0), 0.0), MAX_WAIT_S)
-    rdir = os.path.join(expand(req["deploy_dir"]), "releases", req["release"])
-    pid, port = req["pid"], req["port"]
-    host = probe_host(req.get("host", "127.0.0.1"))
+    deadline = t0 + min(max(float(wait_s or 0), 0.0), MAX_WAIT_S)
+    rdir = os.path.join(expand(deploy_dir), "releases", release)
+    host = probe_host(host)
     addr = address(host, port)
-    hints, seen = _hints(req), req.get("seen")
-    out = {"gpus": _gpus(req)} if req.get("nvidia_smi") else {}
-    log = start_log(rdir, req)
+    hints = _hints(hints)
+    out = {"gpus": _gpus(nvidia_smi, devices, gpu_every_s)} if nvidia_smi else {}
+    log = start_log(rdir, pid, log_offset, start_offset, engine, engine_version)
     tick = log.consumers["watch"] = _Hints(hints)
     parts, chars = [], 0
     health = models = None
@@ -173,13 +174,13 @@ def op_watch(req):
         if now >= next_http:
             health = models = None
             if accepts(addr):
-                status, body = http_get(port, req.get("health_path") or "/health", host)
+                status, body = http_get(port, health_path, host)
                 health = status if status is not None else body.decode("utf-8", "replace")
-                if status == 200 and req.get("models_path"):
-                    models = served_models(port, req["models_path"], host, req.get("api_key"))
+                if status == 200 and models_path:
+                    models = served_models(port, models_path, host, api_key)
                 next_http = time.monotonic() + HTTP_EVERY_S
-            elif req.get("port_check") and now >= next_port_check:
-                other = serving_elsewhere(pid, port, host, req.get("health_path") or "/health")
+            elif port_check and now >= next_port_check:
+                other = serving_elsewhere(pid, port, host, health_path)
                 next_port_check = time.monotonic() + PORT_CHECK_S
                 if other is not None:
                     out["serving_on"], why = other, "wrong_port"

@@ -28,7 +28,7 @@ from ...base.host.hosterrors import Damaged, exit_words, signal_name
 from ...base.host.statefiles import read_json, utc_iso, write_json
 from ...base.host import identity
 from ...runtime.host import runtimes
-from ...gpu.host.nvsmi import baseline_limits, gpus_over, tolerance, unlisted_now
+from ...gpu.host.nvsmi import NVIDIA_SMI, baseline_limits, gpus_over, tolerance, unlisted_now
 from .hangwatch import HangWatch, deploy_saw_ready, fatal_line, load_rules
 from ...base.host.stopping import DEFAULT_GRACE_S, KILL_WAIT_S, stop_own_group
 
@@ -192,7 +192,7 @@ class Supervisor:
         frees) back to what it was at launch: another deployment's memory on the GPU is listed,
         so it changes nothing. A baseline from before that record: the whole device's reading."""
         baseline = self.rel.read_json("gpu-baseline.json") or {}
-        limits, smi = baseline_limits(baseline), baseline.get("nvidia_smi") or "nvidia-smi"
+        limits, smi = baseline_limits(baseline), baseline.get("nvidia_smi") or NVIDIA_SMI
         if not limits:
             return True
         self.publish(state="waiting-for-gpu")

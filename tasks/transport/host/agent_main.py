@@ -26,7 +26,7 @@ _FUNCTIONS = {}  # op -> function, filled as modules are imported on demand
 _ORIGIN = {}  # how the bootstrap found this code: agent_dir, code (cached / sent / temporary)
 
 
-def op_hello(req):
+def op_hello():
     return dict(_ORIGIN, agent=VERSION, python="%d.%d.%d" % sys.version_info[:3],
                 executable=sys.executable, hostname=os.uname()[1], user=_user(),
                 home=os.path.expanduser("~"), pid=os.getpid())
@@ -40,19 +40,20 @@ def _user():
         return str(os.getuid())
 
 
-def op_batch(req):
-    """Several requests in one message (`calls`, each a request), answered together: the
-    round trips of a deploy's steps that need nothing from each other's answers. They run
-    in order and the first failure ends the batch, so what follows it never runs (no
-    launch after a failed GPU baseline); its error says which one (`batch_index`)."""
-    out = []
-    for i, sub in enumerate(req["calls"]):
+def op_batch(calls):
+    """Several requests in one message, answered together: the round trips of a deploy's
+    steps that need nothing from each other's answers. `calls` names each request
+    ({name: {"op": ..., its arguments}}); the answer is {name: its result}. They run in the
+    order given and the first failure ends the batch, so what follows it never runs (no
+    launch after a failed GPU baseline); its error names the call (`batch_call`)."""
+    out = {}
+    for name, sub in calls.items():
         if sub.get("op") == "batch":
             raise HostError("a batch cannot hold a batch", kind="internal")
         try:
-            out.append(handle(sub))
+            out[name] = handle(sub)
         except HostError as e:
-            e.data = dict(e.data, batch_index=i)
+            e.data = dict(e.data, batch_call=name)
             raise
     return out
 
@@ -71,8 +72,34 @@ def lookup(name):
     return fn
 
 
-def handle(req):
-    return lookup(req.get("op"))(req)
+def handle(request):
+    """Run request {"op": name, its arguments...}: op_<name>(**arguments)."""
+    name = request.get("op")
+    fn = lookup(name)
+    args = {k: v for k, v in request.items() if k != "op"}
+    _check_arguments(name, fn, args)
+    return fn(**args)
+
+
+def _check_arguments(name, fn, args):
+    """A request whose arguments do not fit the op's parameters is refused naming the op and
+    the argument; bound before the call, so a TypeError raised inside the op stays its own."""
+    import inspect
+    sig = inspect.signature(fn)
+    try:
+        sig.bind(**args)
+        return
+    except TypeError:
+        pass
+    params = sig.parameters
+    takes = ", ".join(params) or "nothing"
+    unknown = [k for k in args if k not in params]
+    if unknown:
+        raise HostError("op %s: unknown argument %r (it takes: %s)" % (name, unknown[0], takes),
+                        kind="internal", op=name, argument=unknown[0])
+    missing = [p for p, v in params.items() if v.default is v.empty and p not in args]
+    raise HostError("op %s: missing argument %r (it takes: %s)" % (name, (missing or ["?"])[0], takes),
+                    kind="internal", op=name, argument=(missing or [None])[0])
 
 
 def _cleanup():
@@ -119,7 +146,7 @@ def serve(stdin, stdout, greet=None):
     try:
         if greet is not None:
             _ORIGIN.update(greet)
-            if not _write(stdout, {"ok": True, "result": op_hello({})}):
+            if not _write(stdout, {"ok": True, "result": op_hello()}):
                 return
         for line in stdin:
             if not _write(stdout, _answer(line)):

@@ -5,13 +5,13 @@ import base64
 from ...base.host.safefile import replace
 
 
-def op_put_file(req):
-    """Write `data` (base64) to the absolute `path`, byte for byte, with `mode` (0o644).
+def op_put_file(path, data, mode):
+    """Write `data` (base64) to the absolute `path`, byte for byte, with `mode`.
 
     How llmfab pushes a file (tasks/transport/agent.py Host.put): on the agent's own channel,
     so a deploy needs one remote command, not a second one for SFTP. A new release's own
     files come with op new_release instead (tasks/release/host/release_dirs.py)."""
-    return {"bytes": write_file(req["path"], base64.b64decode(req["data"]), req.get("mode", 0o644))}
+    return {"bytes": write_file(path, base64.b64decode(data), mode)}
 
 
 def write_file(path, data, mode):

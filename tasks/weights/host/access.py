@@ -124,37 +124,36 @@ def lock_destinations(pull, paths):
     return who
 
 
-def unlock(pull):
+def unlock_destinations(pull):
     """Release every lock this agent holds for pull `pull` (its own and the destinations')."""
     for path, fd in list(_HELD.items()):
         os.close(fd)
         del _HELD[path]
 
 
-def op_weights_lock(req):
+def op_weights_lock(pull, paths):
     """Take pull `pull`'s locks on `paths` before anything there is read or written (the plan
     records verified files): -> who holds them now; a busy one is a HostError naming its pull."""
-    if not SAFE.match(req["pull"]):
-        raise _host_error("bad pull id %r" % req["pull"], "bad_input")
-    return lock_destinations(req["pull"], req["paths"])
+    if not SAFE.match(pull):
+        raise _host_error("bad pull id %r" % pull, "bad_input")
+    return lock_destinations(pull, paths)
 
 
-def op_weights_prepare(req):
+def op_weights_prepare(pull, dirs):
     """Lock the destinations (`dirs`: [{path, subdirs}]), create each and the subdirectories
     its files go in; install this file's sibling receiver (the agent's own copy, as it was
     shipped) as pull `pull`'s receiver; remove what pulls no longer running left authorised.
     -> `receiver`, `stale_removed`."""
-    pull = req["pull"]
     if not SAFE.match(pull):
         raise _host_error("bad pull id %r" % pull, "bad_input")
-    lock_destinations(pull, [d["path"] for d in req["dirs"]])
+    lock_destinations(pull, [d["path"] for d in dirs])
     try:
-        for d in req["dirs"]:
+        for d in dirs:
             for sub in [""] + list(d.get("subdirs", ())):
                 os.makedirs(os.path.join(d["path"], sub), exist_ok=True)
     except OSError as e:
         raise _host_error("cannot create %s: %s" % (d["path"], e.strerror or e), "write_failed")
-    for d in req["dirs"]:  # there already, but what it lacks cannot be written into it
+    for d in dirs:  # there already, but what it lacks cannot be written into it
         why = not_writable(d["path"]) if d.get("need", 1) else None
         if why:
             raise _host_error("cannot pull into %s: %s; choose a writable destination" % (d["path"], why),
@@ -169,7 +168,7 @@ def op_weights_prepare(req):
     os.rename(tmp, receiver)
     roots = os.path.join(base, pull + ".json")
     with open(roots + ".tmp", "w") as f:
-        json.dump({"roots": [d["path"] for d in req["dirs"]]}, f)
+        json.dump({"roots": [d["path"] for d in dirs]}, f)
     os.rename(roots + ".tmp", roots)
     return {"receiver": receiver, "stale_removed": removed}
 
@@ -192,20 +191,19 @@ class _KeysLock:
         os.close(self.fd)
 
 
-def op_weights_grant(req):
+def op_weights_grant(pull, public, private, sources, known_hosts, expiry):
     """Authorise the pull's public key `public` here for hosts `sources` (IPs) only, as the
     forced command `python <pull>.receive.py PULL` (no pty, no forwarding), expiring at
     `expiry` (UTC, YYYYMMDDHHMM); and keep its private key `private` here to feed other hosts."""
-    pull = req["pull"]
     receiver = os.path.join(_base(), pull + ".receive.py")
-    for value in [sys.executable, receiver, pull] + list(req["sources"]):
+    for value in [sys.executable, receiver, pull] + list(sources):
         if not SAFE.match(value):
             raise _host_error("cannot authorise the pull's key: %r holds characters an "
                               "authorized_keys command may not" % value, "bad_input")
     opts = ('from="%s",command="%s -S %s %s",no-pty,no-port-forwarding,no-agent-forwarding,'
             'no-X11-forwarding,no-user-rc,expiry-time="%sZ"'
-            % (",".join(req["sources"]), sys.executable, receiver, pull, req["expiry"]))
-    line = "%s %s %s:%s\n" % (opts, req["public"].strip(), MARK, pull)
+            % (",".join(sources), sys.executable, receiver, pull, expiry))
+    line = "%s %s %s:%s\n" % (opts, public.strip(), MARK, pull)
     path = _authorized_keys()
     os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
     with _KeysLock():
@@ -214,10 +212,10 @@ def op_weights_grant(req):
     key = os.path.join(_base(), pull + ".key")
     fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(req["private"])
+        f.write(private)
     kh = os.path.join(_base(), pull + ".known_hosts")
     with open(kh, "w") as f:
-        f.write("".join(l + "\n" for l in req["known_hosts"]))
+        f.write("".join(l + "\n" for l in known_hosts))
     return {"key": key, "known_hosts": kh}
 
 
@@ -265,10 +263,10 @@ def _revoke(pull):
     return removed
 
 
-def op_weights_revoke(req):
+def op_weights_revoke(pull=None, unlock=False):
     """Remove what pull `pull` authorised here (None: what every pull no longer running
-    left): -> `removed` lines."""
-    removed = _revoke(req.get("pull"))
-    if req.get("pull") and req.get("unlock"):
-        unlock(req["pull"])
+    left), and with `unlock` its locks: -> `removed` lines."""
+    removed = _revoke(pull)
+    if pull and unlock:
+        unlock_destinations(pull)
     return {"removed": removed}

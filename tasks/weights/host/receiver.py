@@ -194,14 +194,13 @@ def _address():
     return (parts[2], int(parts[3])) if len(parts) == 4 else (None, None)
 
 
-def op_weights_plan(req):
+def op_weights_plan(dirs, verify=False):
     """For each model dir in `dirs` [{path, files: [{path, size, sha256}]}]: per file `ok`
     (present and verified), `part` (bytes of a partial file to resume from), `bad` (present,
     wrong); `need` (bytes still to receive), `free` (bytes free there). `verify`: re-hash
     every file. Also this host's SSH address and the files the receiver needs."""
-    verify = bool(req.get("verify"))
-    dirs = []
-    for d in req["dirs"]:
+    verify, wanted, dirs = bool(verify), dirs, []
+    for d in wanted:
         root = d["path"]
         stamps = _stamps(root)
         out, need = [], 0
@@ -237,12 +236,11 @@ def op_weights_plan(req):
     return {"dirs": dirs, "ip": ip, "port": port, "receiver": os.path.abspath(__file__)}
 
 
-def op_weights_send(req):
-    """Stream file `rel` of `root` from byte `offset` to host `peer` {ip, port, user} with
-    the pull's key, into its receiver; -> the receiver's answer and the seconds taken."""
+def op_weights_send(pull, peer, root, file, offset):
+    """Stream `file` ({path, ...}) of `root` from byte `offset` to host `peer` {ip, port, user}
+    with the pull's key, into its receiver; -> the receiver's answer and the seconds taken."""
     base = os.path.expanduser(PULL_DIR)
-    pull, peer = req["pull"], req["peer"]
-    order = json.dumps({"root": req["root"], "file": req["file"], "offset": req["offset"]},
+    order = json.dumps({"root": root, "file": file, "offset": offset},
                        separators=(",", ":"), sort_keys=True)
     argv = ["ssh", "-F", "/dev/null", "-i", os.path.join(base, pull + ".key"),
             "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
@@ -251,8 +249,8 @@ def op_weights_send(req):
             "-o", "ServerAliveInterval=15", "-c", CIPHERS, "-p", str(peer["port"]), "-l", peer["user"],
             peer["ip"], order]
     start = time.monotonic()
-    with open(os.path.join(req["root"], req["file"]["path"]), "rb") as f:
-        f.seek(req["offset"])
+    with open(os.path.join(root, file["path"]), "rb") as f:
+        f.seek(offset)
         try:
             p = subprocess.run(argv, stdin=f, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as e:
@@ -279,14 +277,13 @@ def _remove(root, rel):
         head = os.path.dirname(head)
 
 
-def op_weights_manifest(req):
+def op_weights_manifest(path, source, files, commit=None, inner=()):
     """Once every file of the source is here and verified: remove the files an earlier pull
     put here that the source lacks (checked again: only those still unchanged) and partial
     files of names the source lacks; then manifest.json beside the weights: source,
     commit, files (path, size, sha256). -> `removed` (paths), `extra` (what stays)."""
-    root = req["path"]
-    wanted = {f["path"] for f in req["files"]}
-    inner = req.get("inner", ())
+    root = path
+    wanted = {f["path"] for f in files}
     stamps = _stamps(root)
     stale, extra = leftovers(root, wanted, stamps, inner)
     partials = [rel for rel in _walk(root, inner) if rel not in (MANIFEST, STAMPS) and ours(rel)
@@ -301,7 +298,7 @@ def op_weights_manifest(req):
         raise _host_error("cannot remove %s/%s (a file of the earlier pull the source lacks): %s"
                           % (root, rel, e.strerror or e), "write_failed")
     _save_stamps(root, stamps)
-    data = {"source": req["source"], "commit": req.get("commit"), "files": req["files"],
+    data = {"source": source, "commit": commit, "files": files,
             "pulled_by": "llmfab"}
     tmp = os.path.join(root, MANIFEST + ".tmp")
     with open(tmp, "w") as f:
