@@ -65,8 +65,8 @@ import json, sys
 sys.path.insert(0, %r)
 from tasks.measure.host import loadgen as bench
 from tasks.measure import bench_stats as benchstats
-raw = bench.op_bench({"port": %d, "host": "127.0.0.1", "engine": "vllm", "model": "tiny",
-                      "requests": 64, "concurrency": 4, "max_tokens": 128, "prompts": [{"prompt": "hi"}]})
+raw = bench.op_bench(**{"port": %d, "host": "127.0.0.1", "engine": "vllm", "model": "tiny",
+                         "requests": 64, "concurrency": 4, "max_tokens": 128, "prompts": [{"prompt": "hi"}]})
 print(json.dumps(benchstats.record("local", raw, None)))
 '''
 

@@ -69,7 +69,7 @@ def test_a_module_added_to_the_package_travels_and_serves_its_table_row(tmp_path
     (tree / "zz_new" / "host").mkdir(parents=True)  # a new capability: its package travels too
     (tree / "zz_new" / "host" / "__init__.py").write_text("")
     (tree / "zz_new" / "host" / "extra.py").write_text(
-        "from ...base.host.statefiles import expand\n\n\ndef op_ping(req):\n    return {'pong': expand('~')}\n")
+        "from ...base.host.statefiles import expand\n\n\ndef op_ping():\n    return {'pong': expand('~')}\n")
     table = (tree / "transport" / "host" / "ops.py").read_text()
     (tree / "transport" / "host" / "ops.py").write_text(
         table.replace('OPS = {', 'OPS = {\n    "ping": OpInfo("zz_new.host.extra", "op_ping", "t"),'))

@@ -102,7 +102,7 @@ def test_every_probe_and_request_words_a_refused_port():
         sample = bench.one_request(f"http://127.0.0.1:{port}/v1/completions", {"prompt": "x"}, {}, 2)
         assert sample["ok"] is False and sample["error"] == "connection refused"
         with pytest.raises(HostError) as smoke:
-            bench.op_smoke({"port": port, "model": "m"})
+            bench.op_smoke(**{"port": port, "model": "m"})
     assert str(smoke.value) == f"POST http://127.0.0.1:{port}/v1/completions failed: connection refused"
     with silent_port() as port:
         assert probe.http_get(port, "/health", timeout=0.2) == (None, b"timed out")
@@ -117,7 +117,7 @@ def test_a_port_that_answers_without_http_is_said_so_by_every_probe_never_raised
         sample = bench.one_request(f"http://127.0.0.1:{port}/v1/completions", {"prompt": "x"}, {}, 2)
         assert sample["ok"] is False and sample["error"] == "not an HTTP answer"
         with pytest.raises(HostError) as smoke:
-            bench.op_smoke({"port": port, "model": "m"})
+            bench.op_smoke(**{"port": port, "model": "m"})
     assert str(smoke.value).endswith("failed: not an HTTP answer")
 
 

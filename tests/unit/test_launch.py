@@ -33,7 +33,7 @@ AGENT = textwrap.dedent("""
     fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     try:
-        out = launch.op_launch({"deploy_dir": sys.argv[3], "release": "r1", "python": sys.argv[4]})
+        out = launch.op_launch(**{"deploy_dir": sys.argv[3], "release": "r1", "python": sys.argv[4]})
     except Exception as e:
         out = {"error": str(e), "kind": getattr(e, "kind", None), "data": getattr(e, "data", None)}
     print(json.dumps(out))

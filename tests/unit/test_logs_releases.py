@@ -145,20 +145,20 @@ def test_log_tail_and_read_from_offsets(tmp_path):
     log = os.path.join(ddir, "releases", "20250101T000000Z", "server.log")
     with open(log, "wb") as f:
         f.write(b"one\ntwo\nthr")
-    r = logs.op_log_tail({"deploy_dir": ddir, "lines": 1})
+    r = logs.op_log_tail(**{"deploy_dir": ddir, "lines": 1})
     assert base64.b64decode(r["data"]) == b"two\n" and base64.b64decode(r["partial"]) == b"thr"
     assert r["end"] == 8 and r["release"] == "20250101T000000Z"
-    r = logs.op_log_read({"deploy_dir": ddir, "release": r["release"], "offset": 8, "wait": 0})
+    r = logs.op_log_read(**{"deploy_dir": ddir, "release": r["release"], "offset": 8, "wait": 0})
     assert base64.b64decode(r["data"]) == b"thr" and r["offset"] == 11
-    r2 = logs.op_log_read({"deploy_dir": ddir, "release": r["release"], "offset": 11, "wait": 0.1})
+    r2 = logs.op_log_read(**{"deploy_dir": ddir, "release": r["release"], "offset": 11, "wait": 0.1})
     assert r2["data"] == "" and r2["offset"] == 11
-    r3 = logs.op_log_read({"deploy_dir": ddir, "release": r["release"], "offset": 99})
+    r3 = logs.op_log_read(**{"deploy_dir": ddir, "release": r["release"], "offset": 99})
     assert r3["truncated"] and base64.b64decode(r3["data"]) == b"one\ntwo\nthr"
     with pytest.raises(logs.HostError) as e:
-        logs.op_log_tail({"deploy_dir": ddir, "release": "20990101T000000Z"})
+        logs.op_log_tail(**{"deploy_dir": ddir, "release": "20990101T000000Z"})
     assert e.value.kind == "no_release" and e.value.data["available"] == ["20250101T000000Z"]
     with pytest.raises(logs.HostError) as e:
-        logs.op_log_tail({"deploy_dir": ddir, "grep": "("})
+        logs.op_log_tail(**{"deploy_dir": ddir, "grep": "("})
     assert e.value.kind == "bad_grep"
 
 

@@ -17,7 +17,7 @@ def _files(root, names):
 
 
 def _manifest(root, files):
-    return receiver.op_weights_manifest({"path": str(root), "source": "local:/src", "files": files})
+    return receiver.op_weights_manifest(**{"path": str(root), "source": "local:/src", "files": files})
 
 
 def test_an_earlier_pulls_file_goes_a_users_and_a_replaced_one_stay(tmp_path):
@@ -71,6 +71,6 @@ def test_a_models_own_manifest_json_is_a_file_like_any_other_and_an_old_record_g
 def test_a_nested_destination_is_never_the_outer_ones_leftover(tmp_path):
     files = _files(tmp_path, {"config.json": b"m"})
     _files(tmp_path, {"drafter/config.json": b"d", "drafter/.llmfab-manifest.json": b"{}"})
-    got = receiver.op_weights_manifest({"path": str(tmp_path), "source": "local:/src", "files": files,
+    got = receiver.op_weights_manifest(**{"path": str(tmp_path), "source": "local:/src", "files": files,
                                         "inner": ["drafter"]})
     assert got == {"ok": True, "removed": [], "extra": []}

@@ -23,7 +23,7 @@ def test_put_file_writes_bytes_exactly_with_the_mode(tmp_path):
     path.write_bytes(b"an older, longer content " * 100)  # truncated, not appended to
     old = os.umask(0o077)
     try:
-        out = files.op_put_file({"path": str(path), "mode": 0o755,
+        out = files.op_put_file(**{"path": str(path), "mode": 0o755,
                                     "data": base64.b64encode(data).decode()})
     finally:
         os.umask(old)
@@ -34,7 +34,7 @@ def test_put_file_writes_bytes_exactly_with_the_mode(tmp_path):
 def test_put_file_error_names_the_path_and_the_reason(tmp_path):
     missing = tmp_path / "no-such-release" / "argv.json"
     with pytest.raises(HostError) as e:
-        files.op_put_file({"path": str(missing), "mode": 0o600, "data": ""})
+        files.op_put_file(**{"path": str(missing), "mode": 0o600, "data": ""})
     assert str(e.value) == f"could not write {missing}: no such file or directory"
     assert e.value.kind == "write_failed"
 
@@ -52,7 +52,7 @@ def counting_smi(tmp_path):
 
 
 def _baseline(tmp_path, smi, **req):
-    out = nvsmi.op_gpu_baseline(dict(deploy_dir=str(tmp_path / "d"), release="r1", nvidia_smi=str(smi), **req))
+    out = nvsmi.op_gpu_baseline(**dict(deploy_dir=str(tmp_path / "d"), release="r1", nvidia_smi=str(smi), **req))
     saved = json.loads((tmp_path / "d" / "releases" / "r1" / "gpu-baseline.json").read_text())
     assert saved["gpus"] == out["gpus"]
     return out
@@ -76,23 +76,24 @@ def test_gpu_baseline_reuses_a_fresh_reading_only_when_asked(tmp_path, counting_
 def test_a_batch_runs_in_order_and_stops_at_the_first_failure(tmp_path):
     from tasks.transport.host import agent_main
     ddir = tmp_path / "d"
-    calls = [{"op": "new_release", "deploy_dir": str(ddir)},
-             {"op": "put_file", "path": str(tmp_path / "missing" / "x"), "mode": 0o600, "data": ""},
-             {"op": "new_release", "deploy_dir": str(ddir)}]
+    new = {"op": "new_release", "deploy_dir": str(ddir)}
+    calls = {"first": new, "put": {"op": "put_file", "path": str(tmp_path / "missing" / "x"), "mode": 0o600,
+                                   "data": ""}, "third": new}
     with pytest.raises(HostError) as e:
         agent_main.handle({"op": "batch", "calls": calls})
-    assert e.value.kind == "write_failed" and e.value.data["batch_index"] == 1
+    assert e.value.kind == "write_failed" and e.value.data["batch_call"] == "put"
     assert len(os.listdir(ddir / "releases")) == 1  # the third never ran
-    first, second = agent_main.handle({"op": "batch", "calls": [calls[0], calls[0]]})
-    assert first["release"] != second["release"] and len(os.listdir(ddir / "releases")) == 3
+    got = agent_main.handle({"op": "batch", "calls": {"one": new, "two": new}})
+    assert list(got) == ["one", "two"] and got["one"]["release"] != got["two"]["release"]
+    assert len(os.listdir(ddir / "releases")) == 3
     with pytest.raises(HostError, match="a batch cannot hold a batch"):
-        agent_main.handle({"op": "batch", "calls": [{"op": "batch", "calls": []}]})
+        agent_main.handle({"op": "batch", "calls": {"inner": {"op": "batch", "calls": {}}}})
 
 
 def test_new_release_writes_its_files_or_leaves_no_release(tmp_path):
     from tasks.release.host import release_dirs
     ddir = tmp_path / "d"
-    out = release_dirs.op_new_release({"deploy_dir": str(ddir), "files": [
+    out = release_dirs.op_new_release(**{"deploy_dir": str(ddir), "files": [
         ["launch.py", 0o700, base64.b64encode(b"print(1)\n").decode()],
         ["secrets.json", 0o600, base64.b64encode(b'{"K": "v"}').decode()]]})
     rel = ddir / "releases" / out["release"]
@@ -100,9 +101,9 @@ def test_new_release_writes_its_files_or_leaves_no_release(tmp_path):
     assert stat.S_IMODE((rel / "launch.py").stat().st_mode) == 0o700
     assert stat.S_IMODE((rel / "secrets.json").stat().st_mode) == 0o600
     with pytest.raises(HostError, match="not a file name for a release"):
-        release_dirs.op_new_release({"deploy_dir": str(ddir), "files": [["../escape", 0o600, ""]]})
+        release_dirs.op_new_release(**{"deploy_dir": str(ddir), "files": [["../escape", 0o600, ""]]})
     with pytest.raises(ValueError):  # the second file's data is not base64: nothing is kept
-        release_dirs.op_new_release({"deploy_dir": str(ddir), "files": [
+        release_dirs.op_new_release(**{"deploy_dir": str(ddir), "files": [
             ["argv.json", 0o600, base64.b64encode(b"[]").decode()], ["profile.toml", 0o600, "not base64!"]]})
     assert os.listdir(ddir / "releases") == [out["release"]]
 

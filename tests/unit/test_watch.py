@@ -45,14 +45,14 @@ def req(ddir, pid, port, **kw):
 
 def test_first_request_answers_at_once_with_the_state(release, sleeper):
     ddir, rdir = release
-    out = watch.op_watch(req(ddir, sleeper.pid, free_port(), seen=None))
+    out = watch.op_watch(**req(ddir, sleeper.pid, free_port(), seen=None))
     assert out["why"] == "first" and out["state"] == SEEN_LOADING
 
 
 def test_nothing_changes_answers_after_wait_s_with_the_new_lines(release, sleeper):
     ddir, rdir = release
     (rdir / "server.log").write_text("Loading weights\nhalf a li")
-    out = watch.op_watch(req(ddir, sleeper.pid, free_port(), wait_s=0.3))
+    out = watch.op_watch(**req(ddir, sleeper.pid, free_port(), wait_s=0.3))
     assert out["why"] == "timeout" and out["alive"] is True
     assert out["log"]["text"] == "Loading weights\n" and out["log"]["offset"] == 16
 
@@ -61,7 +61,7 @@ def test_a_hinted_line_answers_at_once_with_the_lines_after_it(release, sleeper)
     ddir, rdir = release
     (rdir / "server.log").write_text("Loading weights\ntorch.OutOfMemoryError: CUDA out of memory. "
                                      "Tried to allocate 2.00 GiB\n  File \"x.py\"\n")
-    out = watch.op_watch(req(ddir, sleeper.pid, free_port()))
+    out = watch.op_watch(**req(ddir, sleeper.pid, free_port()))
     assert out["why"] == "hint" and "CUDA out of memory" in out["log"]["text"]
     assert out["log"]["text"].endswith('  File "x.py"\n')
 
@@ -72,7 +72,7 @@ def test_the_process_exiting_answers_at_once_with_its_last_words(release):
         proc = subprocess.Popen([sys.executable, "-c", "print('last words')"], stdout=log)
     proc.wait()
     (rdir / "exit.json").write_text(json.dumps({"returncode": 0}))
-    out = watch.op_watch(req(ddir, proc.pid, free_port()))
+    out = watch.op_watch(**req(ddir, proc.pid, free_port()))
     assert out["why"] == "exited" and out["alive"] is False
     assert out["log"]["text"] == "last words\n" and out["exit"] == {"returncode": 0}
 
@@ -94,13 +94,13 @@ def test_the_port_opening_answers_with_health_and_models(release, sleeper):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Server)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        out = watch.op_watch(req(ddir, sleeper.pid, server.server_address[1]))
+        out = watch.op_watch(**req(ddir, sleeper.pid, server.server_address[1]))
     finally:
         server.shutdown()
         server.server_close()
     assert out["why"] == "changed"
     assert out["state"] == {"alive": True, "health": 200, "models": ["m"]}
-    again = watch.op_watch(req(ddir, sleeper.pid, server.server_address[1], seen=out["state"],
+    again = watch.op_watch(**req(ddir, sleeper.pid, server.server_address[1], seen=out["state"],
                                wait_s=0.2))
     assert again["why"] == "changed" and again["state"]["health"] is None  # it went away
 
@@ -113,7 +113,7 @@ def test_gpu_readings_are_rate_limited_across_requests(release, sleeper, tmp_pat
     smi.chmod(0o755)
     watch.CONTEXT.pop("watch_gpus", None)
     r = req(ddir, sleeper.pid, free_port(), seen=None, nvidia_smi=str(smi), gpu_every_s=3600)
-    first, second = watch.op_watch(r), watch.op_watch(r)
+    first, second = watch.op_watch(**r), watch.op_watch(**r)
     assert first["gpus"][0]["used_mib"] == 4 and second["gpus"] == first["gpus"]
     assert runs.read_text() == "run\n"
 
@@ -122,12 +122,12 @@ def test_hints_match_line_by_line_and_none_means_any_line(release, sleeper):
     ddir, rdir = release
     (rdir / "server.log").write_text("Loading\napi_server.py: error: argument --port: invalid\n")
     anchored = [[r"^(?:[\w.-]+(?: [\w.-]+)?): error: ", 0]]
-    assert watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=anchored))["why"] == "hint"
-    assert watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=None))["why"] == "hint"
-    quiet = watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=[], wait_s=0.2))
+    assert watch.op_watch(**req(ddir, sleeper.pid, free_port(), hints=anchored))["why"] == "hint"
+    assert watch.op_watch(**req(ddir, sleeper.pid, free_port(), hints=None))["why"] == "hint"
+    quiet = watch.op_watch(**req(ddir, sleeper.pid, free_port(), hints=[], wait_s=0.2))
     assert quiet["why"] == "timeout" and quiet["log"]["text"].count("\n") == 2
     bad = [[r"(?P<x", 0]]  # what a host's older Python could not compile: any line answers
-    assert watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=bad))["why"] == "hint"
+    assert watch.op_watch(**req(ddir, sleeper.pid, free_port(), hints=bad))["why"] == "hint"
 
 
 def test_the_hints_are_logscans_rules_so_a_fatal_line_answers_early(release, sleeper):
@@ -138,13 +138,13 @@ def test_the_hints_are_logscans_rules_so_a_fatal_line_answers_early(release, sle
     ddir, rdir = release
     line = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     (rdir / "server.log").write_text("Loading weights\n" + line)
-    out = watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=fatal_hints()))
+    out = watch.op_watch(**req(ddir, sleeper.pid, free_port(), hints=fatal_hints()))
     assert out["why"] == "hint"
     scanner = LogScanner()
     assert scanner.feed(out["log"]["text"], final=True) is not None
     with open(rdir / "server.log", "a") as f:
         f.write("INFO 12-01 08:00:00 [loader.py:1] Loading safetensors checkpoint shards: 50%\n")
-    healthy = watch.op_watch(req(ddir, sleeper.pid, free_port(), hints=fatal_hints(), wait_s=0.2,
+    healthy = watch.op_watch(**req(ddir, sleeper.pid, free_port(), hints=fatal_hints(), wait_s=0.2,
                                  log_offset=out["log"]["offset"]))
     assert healthy["why"] == "timeout" and "safetensors" in healthy["log"]["text"]
 

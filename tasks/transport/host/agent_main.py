@@ -4,9 +4,10 @@ llmfab sends exactly one remote command per task and host: the profile's Python
 with a short bootstrap (tasks/transport/agent_bootstrap.py, minified) that finds this package's
 code cached on the host (or receives it once) and calls `serve()`. Requests then
 flow as JSON lines over the same channel, so a poll tick costs no new remote
-command and no shell start-up. Every op is a row of ops.py (module, function); a
-module is imported when the first request for one of its ops arrives, so a task
-pays only for the code it uses.
+command and no shell start-up. Every op is a row of ops.py (module, function), called
+with the request's arguments as keywords once they fit its parameters; a module is
+imported when the first request for one of its ops arrives, so a task pays only for
+the code it uses.
 The agent exits when its stdin closes (the SSH session ended), at once even
 mid-operation (a watchdog thread), which also releases any lock it holds.
 Standard library only; Python >= 3.9.

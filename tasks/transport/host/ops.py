@@ -1,11 +1,17 @@
 """Every operation the host agent serves, in one table: op name -> module, function, summary.
 
-A request `{"op": name, ...}` runs `<module>.<function>(request)`, the module named from the
-top of the host package (`doctor.host.spec_evidence`: tasks/doctor/host/spec_evidence.py here,
-llmfab_host/doctor/host/spec_evidence.py on the host). The agent (agent_main.py) imports a module only when the first request for one of its ops
-arrives, so a task pays only for the code it uses. A new op is a row here and a function
-`op_<name>(req)` in the module that holds its capability; tests/unit/test_agent_code.py holds
-the table and the modules to each other. Standard library only; Python >= 3.9.
+A request `{"op": name, arguments...}` runs `<module>.<function>(**arguments)`, the module
+named from the top of the host package (`doctor.host.spec_evidence`:
+tasks/doctor/host/spec_evidence.py here, llmfab_host/doctor/host/spec_evidence.py on the host).
+Each op is a function `op_<name>(named parameters)` whose signature says what it takes and
+what it defaults to (a default the client shares is a constant both import, e.g. NVIDIA_SMI,
+KEEP_RELEASES); an open-ended mapping (an environment, the doctor's section) is one named
+parameter. The agent binds the arguments to the signature first, so an unknown or missing one
+is a HostError naming the op and the argument. It imports a module only when the first request
+for one of its ops arrives, so a task pays only for the code it uses. A new op is a row here and
+its function in the module that holds its capability; tests/unit/test_agent_code.py holds the
+table and the modules to each other, tests/unit/test_op_arguments.py every request in tasks/ to
+its op's parameters. Standard library only; Python >= 3.9.
 """
 from collections import namedtuple
 
