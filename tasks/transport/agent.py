@@ -164,6 +164,10 @@ class Host:
                 proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 proc.kill()
+            if proc.stdout is not None:
+                proc.stdout.close()
+            if self._stderr is not None:
+                self._stderr.close()  # the local agent's stderr file: not left to the garbage collector
         ssh_chan, self._ssh_chan = self._ssh_chan, None
         if ssh_chan is not None:
             try:
