@@ -160,11 +160,11 @@ def test_the_ops_at_ready_answer_from_what_the_watch_read(release, sleeper):
              "INFO 12-01 08:00:02 [gpu_worker.py:272] Using V2 Model Runner",
              "INFO 12-01 08:00:03 [default_loader.py:501] Loading weights took 0.50 seconds"]
     (rdir / "server.log").write_text("\n".join(lines) + "\n")
-    out = watch.op_watch(req(ddir, sleeper.pid, free_port(), wait_s=0.2, engine="vllm",
+    out = watch.op_watch(**req(ddir, sleeper.pid, free_port(), wait_s=0.2, engine="vllm",
                              engine_version="0.32.0", start_offset=0))
     assert out["startup"] == {"phase": "kv_cache", "ended": ["engine_start", "weights"]}
     (rdir / "server.log").rename(rdir / "moved.log")
-    rec = phases.op_startup(dict(deploy_dir=str(ddir), release="r1", pid=sleeper.pid, engine="vllm",
+    rec = phases.op_startup(**dict(deploy_dir=str(ddir), release="r1", pid=sleeper.pid, engine="vllm",
                                  engine_version="0.32.0", log_offset=0))["startup"]
     assert [p["phase"] for p in rec["phases"]] == ["process", "engine_start", "weights", "ready"]
     head = spec_evidence.head_of(watch.startlog.of(str(rdir / "server.log"), 0))
@@ -175,8 +175,8 @@ def test_a_watch_the_client_is_not_in_step_with_reads_the_start_anew(release, sl
     ddir, rdir = release
     (rdir / "server.log").write_text("INFO 12-01 08:00:03 [default_loader.py:501] Loading weights took 0.50 seconds\n"
                                      "INFO 12-01 08:00:04 [x.py:1] more\n")
-    first = watch.op_watch(req(ddir, sleeper.pid, free_port(), wait_s=0.1, engine="vllm", start_offset=0))
+    first = watch.op_watch(**req(ddir, sleeper.pid, free_port(), wait_s=0.1, engine="vllm", start_offset=0))
     assert first["startup"]["ended"] == ["weights"] and first["log"]["offset"] > 0
-    again = watch.op_watch(req(ddir, sleeper.pid, free_port(), wait_s=0.1, engine="vllm", start_offset=0,
+    again = watch.op_watch(**req(ddir, sleeper.pid, free_port(), wait_s=0.1, engine="vllm", start_offset=0,
                                log_offset=0))  # an answer the client never got: it asks from 0 again
     assert again["log"]["text"] == first["log"]["text"] and again["startup"]["ended"] == ["weights"]
