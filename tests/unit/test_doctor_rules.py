@@ -250,18 +250,18 @@ def test_status_judges_the_facts_the_preflight_kept_with_the_release(tmp_path):
     req = request(tmp_path)
     kept = spec_facts.facts(req, "0.24.0")
     (tmp_path / "draft" / "config.json").write_text(json.dumps(ALL_FULL))
-    ans = spec_evidence.op_spec_evidence(dict(_release(tmp_path, kept), doctor=dict(req, version="0.33.0")))
+    ans = spec_evidence.op_spec_evidence(**dict(_release(tmp_path, kept), doctor=dict(req, version="0.33.0")))
     assert ans["version"] == "0.24.0"
     assert "vllm-dflash-swa-ignored" in [f["rule"] for f in ans["findings"]]
     # the profile's [check] accept of now still applies to the kept facts
     accepted = dict(req, version="0.33.0", accept=["vllm-dflash-swa-ignored"])
-    ans = spec_evidence.op_spec_evidence(dict(_release(tmp_path / "b", kept), doctor=accepted))
+    ans = spec_evidence.op_spec_evidence(**dict(_release(tmp_path / "b", kept), doctor=accepted))
     assert [f.get("accepted") for f in ans["findings"] if f["rule"] == "vllm-dflash-swa-ignored"] == [True]
 
 
 @pytest.mark.parametrize("kept", [None, "{not json", "[1, 2]", ""])
 def test_missing_or_damaged_kept_facts_are_computed_again(tmp_path, kept):
     req = dict(request(tmp_path), version="0.24.0")
-    ans = spec_evidence.op_spec_evidence(dict(_release(tmp_path, kept), doctor=req))
+    ans = spec_evidence.op_spec_evidence(**dict(_release(tmp_path, kept), doctor=req))
     assert ans["version"] == "0.24.0" and ans["layer_ids"] == [1, 16, 31, 46, 61]
     assert "vllm-dflash-swa-ignored" in [f["rule"] for f in ans["findings"]]
