@@ -8,8 +8,7 @@ import re
 
 from .types import ENGINES, RESTART_POLICIES, RUNTIMES, Cluster, Gpu, Ready, Server, Supervise, Target
 from .args import read_args, read_env
-from ..base.host.layout import KEEP_RELEASES
-from ..gpu.host.nvsmi import NVIDIA_SMI
+from ..base.host.layout import KEEP_RELEASES, NVIDIA_SMI
 from .serverenv import VLLM_INT_FLAGS, vllm_flag
 from .readers import REQUIRED, no_nul_or_dates
 from .keys import Key, table

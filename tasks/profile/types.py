@@ -12,8 +12,7 @@ from typing import Optional, Tuple, Union
 
 from .checktable import CheckCfg
 from .systemd_table import SystemdCfg
-from ..base.host.layout import KEEP_RELEASES, PYTHON
-from ..gpu.host.nvsmi import NVIDIA_SMI
+from ..base.host.layout import KEEP_RELEASES, NVIDIA_SMI, PYTHON
 from .models import models_request
 from .serverargs import JsonTable, ServerArgs
 from .serverenv import ServerEnv

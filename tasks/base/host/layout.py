@@ -87,6 +87,7 @@ def releases_sorted(ddir):
 
 KEEP_RELEASES = 5  # releases a host keeps after a deploy ([target] keep_releases' default)
 PYTHON = "python3"  # the host's interpreter where the profile names none (server.python)
+NVIDIA_SMI = "nvidia-smi"  # its path or name where the profile gives none ([gpu] nvidia_smi)
 
 
 FAILED_FILE = "start-failed.json"

@@ -12,11 +12,11 @@ import time
 
 from ...base.host.hostenv import which
 from ...base.host.statefiles import expand, write_json
+from ...base.host.layout import NVIDIA_SMI  # shared with the profile's default
 
 GPU_FIELDS = ("index", "uuid", "name", "memory.used", "memory.total", "utilization.gpu")
 APP_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")
 RUN_TIMEOUT_S = 20  # nvidia-smi can hang for seconds on a wedged driver; never forever
-NVIDIA_SMI = "nvidia-smi"  # its path or name where the profile gives none ([gpu] nvidia_smi)
 
 
 def gpu_query(nvidia_smi=NVIDIA_SMI):
