@@ -164,7 +164,8 @@ def test_launch_py_and_its_supervisor_import_nothing_of_pythonpath_or_the_releas
         (shadow / name).parent.mkdir(parents=True, exist_ok=True)
         (shadow / name).write_text(text)
     log = tmp_path / "shadow.log"
-    server = [PYTHON, "-c", "import os, time; open('seen', 'w').write(os.environ['PYTHONPATH']); time.sleep(60)"]
+    server = [PYTHON, "-c", "import os, time; open('seen.part', 'w').write(os.environ['PYTHONPATH']); "
+              "os.rename('seen.part', 'seen'); time.sleep(60)"]
     rel = _release(tmp_path, server)
     prof = tmp_path / "p.toml"
     prof.write_text(prof.read_text() + '[supervise]\nrestart = "always"\nhang_timeout = 5\n')
