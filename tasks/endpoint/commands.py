@@ -54,19 +54,14 @@ def plan_on_hosts(c, ep, opts):
     """The memory plan on every host; OperationFailed (exit 1) with the numbers when one does
     not fit. Returns {host: plan_json}."""
     from ..fleet.runner import run_task
-    from .plan import make_plan, plan_json, plan_lines
-    models = []
-    for m in ep.members:
-        models.append(m.profile.server.model)
-        spec = dict(m.profile.server.args).get("speculative-config")
-        if isinstance(spec, dict) and isinstance(spec.get("model"), str):
-            models.append(spec["model"])
+    from .plan import make_plan, model_paths, plan_json, plan_lines
+    models = model_paths(ep.members)
     first = ep.members[0].profile
     plans = {}
 
     def op(host, reporter):
         host.start()
-        facts = host.call("endpoint_facts", nvidia_smi=first.gpu.nvidia_smi, models=[m for m in models if m])
+        facts = host.call("endpoint_facts", nvidia_smi=first.gpu.nvidia_smi, models=models)
         if facts["gpus"] is None:
             reporter.line(host.name, f"no GPU reading ({facts.get('gpu_error')}): no memory plan")
             plans[host.name] = []

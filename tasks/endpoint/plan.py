@@ -106,6 +106,17 @@ def member_need(m, total_mib, weights_bytes, drafter_bytes):
     return Need(m.name, devices, awake, asleep, m.parked, how)
 
 
+def model_paths(members):
+    """The model directories whose weights the plan reads: each member's model and drafter."""
+    paths = []
+    for m in members:
+        paths.append(m.profile.server.model)
+        spec = dict(m.profile.server.args).get("speculative-config")
+        if isinstance(spec, dict) and isinstance(spec.get("model"), str):
+            paths.append(spec["model"])
+    return [p for p in paths if p]
+
+
 def make_plan(ep, gpus, weights):
     """`gpus`: [{index, name, total_mib, used_mib}] from the host; `weights`:
     {model path: bytes or None}. Returns [DevicePlan] (only devices some member uses)."""

@@ -82,27 +82,21 @@ def _live_release(c, opts, prof, hosts):
 
 
 def _fits_beside(c, ep, m, opts, hosts):
-    """{host: (fits, words)}: would the member's new release fit the GPU beside the old one now."""
-    from .plan import member_need
+    """{host: (fits, words)}: would the member's new release fit the GPU beside the old one now
+    (the endpoint's memory plan of this one member against what is free now)."""
+    import dataclasses
+    from .plan import make_plan, model_paths
     prof = m.profile
     out = {}
 
     def op(host, reporter):
         host.start()
-        facts = host.call("endpoint_facts", nvidia_smi=prof.gpu.nvidia_smi, models=[prof.server.model])
+        facts = host.call("endpoint_facts", nvidia_smi=prof.gpu.nvidia_smi, models=model_paths([m]))
         if facts["gpus"] is None:
             out[host.name] = (True, "no GPU reading: started beside")
             return HostResult(host.name, summary="no GPUs")
-        by_index = {g["index"]: g for g in facts["gpus"]}
-        short = []
-        for i in (prof.devices or [0]):
-            g = by_index.get(i)
-            if g is None:
-                continue
-            need = member_need(m, g["total_mib"], facts["weights"].get(prof.server.model), None).awake_mib or 0
-            free = g["total_mib"] - g["used_mib"]
-            if need > free:
-                short.append(f"GPU {i} needs {need:.0f} MiB, {free} MiB free")
+        plan = make_plan(dataclasses.replace(ep, members=(m,)), facts["gpus"], facts["weights"])
+        short = [f"GPU {p.index} needs {p.peak_mib:.0f} MiB, {p.free_mib} MiB free" for p in plan if not p.fits]
         out[host.name] = (not short, "; ".join(short) or "fits beside the old release")
         return HostResult(host.name, summary=out[host.name][1])
     _on_hosts(c, prof, opts, hosts, f"memory for {m.name}'s new release", op)
