@@ -53,11 +53,18 @@ def _admin_all(c, ep, opts, hosts, path):
     answers = admin(c, ep, opts, path, method="POST")
     bad = {h: a for h, a in answers.items() if a.get("status") != 200}
     if bad:
-        raise OperationFailed("; ".join(
-            f"{h}: {path} answered {a.get('status')}: "
-            f"{(a.get('body') or {}).get('error') if isinstance(a.get('body'), dict) else a.get('error')}"
-            for h, a in bad.items()))
+        raise OperationFailed("; ".join(f"{h}: the router's {path.split('?')[0][1:]} {_why(a, ep)}"
+                                        for h, a in bad.items()))
     return answers
+
+
+def _why(answer, ep):
+    """Why the router's admin service did not say yes, in words."""
+    if answer.get("status") is None:
+        return (f"got no answer: its admin port {ep.admin_port} does not answer ({answer.get('error')}); "
+                "is the endpoint's router running? (fab status)")
+    body = answer.get("body")
+    return f"answered {answer['status']}: " + str((body or {}).get("error") if isinstance(body, dict) else body)
 
 
 def _on_hosts(c, profile, opts, hosts, title, op):

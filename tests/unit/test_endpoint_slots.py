@@ -54,3 +54,12 @@ def test_the_real_haproxy_accepts_the_configuration_and_the_parking_hook(tmp_pat
     d = write_router_dir(tmp_path / "router", members_for_router(ep), "127.0.0.1", 8000, 8001)
     r = subprocess.run([haproxy, "-c", "-f", "haproxy.cfg"], cwd=d, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_router_that_does_not_answer_a_switch_is_said_in_words(tmp_path):
+    from tasks.endpoint.swap import _why
+    ep = load_endpoint(endpoint(tmp_path, [member(tmp_path, "chat", 8101)]))
+    words = _why({"status": None, "error": "Connection refused"}, ep)
+    assert "admin port 8001 does not answer (Connection refused)" in words and "fab status" in words
+    assert _why({"status": 502, "body": {"ok": False, "error": "slot b does not answer (503)"}}, ep) \
+        == "answered 502: slot b does not answer (503)"
