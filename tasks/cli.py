@@ -42,7 +42,8 @@ COMMANDS = {
         "List the releases kept on the host: stamp, profile hash, started, how it ended, log size."),
     "rollback": CommandInfo(
         "releases", "rollback", "options.RollbackOptions",
-        "Stop the current release and relaunch the previous one exactly as it was."),
+        "Stop the current release and relaunch the previous one exactly as it was (an endpoint: each "
+        "member back to the release in its other slot, a wake and a switch where it is parked)."),
     "kill-gpu-procs": CommandInfo(
         "kill_gpu_procs", "kill_gpu_procs", "options.KillGpuProcsOptions",
         "Free GPUs: find every process using them, TERM then KILL, verify the memory came back."),
